@@ -1,0 +1,205 @@
+"""The one error tree of trio_agents.
+
+Every error the library raises on purpose is a :class:`TrioAgentsError`.  Misuse, failures of the
+world outside, and signals are kept apart::
+
+    TrioAgentsError
+    ├── UsageError (ValueError)            you called us wrong: fix the code, do not retry
+    ├── ModelError                         the model server failed us (carries provider, status,
+    │   │                                  request id and the provider's own message)
+    │   ├── ModelConnectionError           no connection could be made (before any byte)
+    │   ├── ModelTimeoutError              connect, read or whole-turn timeout
+    │   ├── ModelStatusError               an HTTP error status
+    │   │   ├── AuthenticationError        401 / 403
+    │   │   ├── BadRequestError            400 / 422 (also "unsupported parameter")
+    │   │   ├── NotFoundError              404 (unknown model, wrong base URL)
+    │   │   ├── RateLimitError             429
+    │   │   ├── OverloadedError            503 / 529
+    │   │   └── ServerError                other 5xx
+    │   ├── StreamBrokenError              the connection broke after the stream began
+    │   ├── MalformedStreamError           bytes that are not the protocol
+    │   └── StreamErrorEvent               an error event inside a 200 stream (Groq, OpenRouter)
+    ├── ToolError                          raised *by a tool* to send a message back to the model
+    ├── MaxTurnsExceeded                   the agent loop ran out of turns
+    └── StoreError                         the store could not do what was asked
+        ├── InvocationNotFound (KeyError)  no invocation with that id
+        ├── CorruptRecordError             a stored record that cannot be read (or a future
+        │                                  version of one)
+        ├── LeaseError                     another process owns the invocation (or owned it
+        │                                  and fenced us out)
+        └── StoreUnavailableError          the database is down or unreachable
+
+``trio.Cancelled`` is never in this tree and is never turned into one of these errors: a cancel
+is not a failure.  Errors from httpx2 are translated into ``ModelError`` at one boundary
+(``trio_agents.models._http``) with ``raise ... from exc``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AuthenticationError",
+    "BadRequestError",
+    "CorruptRecordError",
+    "InvocationNotFound",
+    "LeaseError",
+    "MalformedStreamError",
+    "MaxTurnsExceeded",
+    "ModelConnectionError",
+    "ModelError",
+    "ModelStatusError",
+    "ModelTimeoutError",
+    "NotFoundError",
+    "OverloadedError",
+    "RateLimitError",
+    "ServerError",
+    "StoreError",
+    "StoreUnavailableError",
+    "StreamBrokenError",
+    "StreamErrorEvent",
+    "ToolError",
+    "TrioAgentsError",
+    "UsageError",
+]
+
+
+class TrioAgentsError(Exception):
+    """Base class of every error trio_agents raises on purpose."""
+
+
+class UsageError(TrioAgentsError, ValueError):
+    """The library was used wrongly: a misconfigured agent, a bad argument, a bad URL."""
+
+
+class ModelError(TrioAgentsError):
+    """A model server failed a request.
+
+    Attributes:
+        message: the provider's own message when it sent one, else ours.
+        provider: ``"openai"``, ``"anthropic"``, ... (the wire format).
+        status_code: the HTTP status, when there was one.
+        request_id: the server's request id header, when it sent one.
+        retryable: whether a new attempt could succeed (429, 5xx, connection refused).
+        retry_after: seconds the server asked us to wait, when it said.
+        body: the raw error body (a short prefix), for logs.
+    """
+
+    retryable: bool = False
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str = "",
+        status_code: int | None = None,
+        request_id: str | None = None,
+        retry_after: float | None = None,
+        body: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.provider = provider
+        self.status_code = status_code
+        self.request_id = request_id
+        self.retry_after = retry_after
+        self.body = body
+        self.code = code
+
+    def __str__(self) -> str:
+        parts = []
+        if self.provider:
+            parts.append(self.provider)
+        if self.status_code is not None:
+            parts.append(str(self.status_code))
+        prefix = f"[{' '.join(parts)}] " if parts else ""
+        suffix = f" (request id {self.request_id})" if self.request_id else ""
+        return f"{prefix}{self.message}{suffix}"
+
+
+class ModelConnectionError(ModelError):
+    """No connection to the model server could be made; nothing was sent or received."""
+
+    retryable = True
+
+
+class ModelTimeoutError(ModelError):
+    """A connect, read or whole-turn timeout expired."""
+
+    retryable = True
+
+
+class ModelStatusError(ModelError):
+    """The model server answered with an HTTP error status."""
+
+
+class AuthenticationError(ModelStatusError):
+    """401 / 403: the API key is missing, wrong, or lacks access."""
+
+
+class BadRequestError(ModelStatusError):
+    """400 / 422: the server rejected the request as malformed or unsupported."""
+
+
+class NotFoundError(ModelStatusError):
+    """404: unknown model or wrong base URL."""
+
+
+class RateLimitError(ModelStatusError):
+    """429: too many requests; ``retry_after`` says how long the server asked us to wait."""
+
+    retryable = True
+
+
+class OverloadedError(ModelStatusError):
+    """503 / 529: the server is overloaded."""
+
+    retryable = True
+
+
+class ServerError(ModelStatusError):
+    """Any other 5xx."""
+
+    retryable = True
+
+
+class StreamBrokenError(ModelError):
+    """The connection broke after the stream had begun; the partial output is kept."""
+
+
+class MalformedStreamError(ModelError):
+    """The server sent bytes that are not the protocol (bad JSON, an unknown frame)."""
+
+
+class StreamErrorEvent(ModelError):
+    """The server sent an error *inside* a 200 stream (Groq, OpenRouter, Anthropic do this)."""
+
+
+class ToolError(TrioAgentsError):
+    """Raised by a tool to report a failure to the model with exactly this message."""
+
+
+class MaxTurnsExceeded(TrioAgentsError):
+    """The agent used all of its ``max_turns`` without producing a final answer."""
+
+
+class StoreError(TrioAgentsError):
+    """The store could not do what was asked."""
+
+
+class InvocationNotFound(StoreError, KeyError):
+    """No invocation with that id is known to the store."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "invocation not found"
+
+
+class CorruptRecordError(StoreError):
+    """A stored record cannot be read: damaged, or written by a newer version."""
+
+
+class LeaseError(StoreError):
+    """Another process owns this invocation's lease, or took it over from us."""
+
+
+class StoreUnavailableError(StoreError):
+    """The database is down or unreachable."""

@@ -1,0 +1,299 @@
+"""Events an invocation emits, and their one JSON wire form.
+
+Every event is a frozen attrs record with a ``kind`` tag and three stamped fields:
+``invocation_id``, ``seq`` (1, 2, 3, ... within the invocation, never reused) and ``at`` (Unix
+time).  :func:`encode` / :func:`decode` are the only codec: the SSE and WebSocket transports and
+the stores all use them, so an event looks the same wherever it is read.
+
+The wire form is a JSON object with the event's fields plus ``"v"``, the codec version
+(:data:`WIRE_VERSION`).  A record from a newer version, or one that cannot be read, raises
+:class:`~trio_agents.CorruptRecordError`; it never half-loads.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Final, Literal, TypeAlias
+
+import attrs
+import cattrs
+
+from ._exceptions import CorruptRecordError
+from .messages import (
+    AssistantMessage,
+    Message,
+    ToolCall,
+    ToolResult,
+    ToolResultMessage,
+    Usage,
+    UserMessage,
+)
+
+__all__ = [
+    "TERMINAL_STATUSES",
+    "WIRE_VERSION",
+    "CancelRequested",
+    "ErrorInfo",
+    "Event",
+    "InvocationEnded",
+    "InvocationStarted",
+    "ReasoningDelta",
+    "Status",
+    "TextDelta",
+    "ToolCallFinished",
+    "ToolCallStarted",
+    "TurnFinished",
+    "converter",
+    "decode",
+    "decode_message",
+    "encode",
+    "encode_message",
+]
+
+WIRE_VERSION: Final = 1
+
+Status: TypeAlias = Literal["completed", "failed", "cancelled", "paused"]
+TERMINAL_STATUSES: Final[frozenset[str]] = frozenset({"completed", "failed", "cancelled", "paused"})
+CancelMode: TypeAlias = Literal["after_turn", "after_tools", "immediate"]
+
+
+@attrs.frozen(kw_only=True)
+class ErrorInfo:
+    """The serialisable face of an exception that ended an invocation."""
+
+    type: str
+    message: str
+    status_code: int | None = None
+    request_id: str | None = None
+    provider: str | None = None
+
+    @classmethod
+    def from_exception(cls, exc: BaseException) -> ErrorInfo:
+        return cls(
+            type=type(exc).__name__,
+            message=str(exc),
+            status_code=getattr(exc, "status_code", None),
+            request_id=getattr(exc, "request_id", None),
+            provider=getattr(exc, "provider", None) or None,
+        )
+
+
+@attrs.frozen(kw_only=True)
+class InvocationStarted:
+    """The invocation began (or was resumed: ``resumed`` is true)."""
+
+    kind: Literal["started"] = "started"
+    invocation_id: str
+    seq: int
+    at: float
+    agent: str
+    input: str
+    user_id: str | None = None
+    session_id: str | None = None
+    resumed: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class TextDelta:
+    """A piece of the model's answer, as it streams."""
+
+    kind: Literal["text_delta"] = "text_delta"
+    invocation_id: str
+    seq: int
+    at: float
+    turn: int
+    text: str
+
+
+@attrs.frozen(kw_only=True)
+class ReasoningDelta:
+    """A piece of the model's reasoning, as it streams."""
+
+    kind: Literal["reasoning_delta"] = "reasoning_delta"
+    invocation_id: str
+    seq: int
+    at: float
+    turn: int
+    text: str
+
+
+@attrs.frozen(kw_only=True)
+class ToolCallStarted:
+    """A tool call is about to run (its intent is journaled before this is published)."""
+
+    kind: Literal["tool_call_started"] = "tool_call_started"
+    invocation_id: str
+    seq: int
+    at: float
+    turn: int
+    call: ToolCall
+
+
+@attrs.frozen(kw_only=True)
+class ToolCallFinished:
+    """A tool call produced its result (an error result included; a cancel produces none)."""
+
+    kind: Literal["tool_call_finished"] = "tool_call_finished"
+    invocation_id: str
+    seq: int
+    at: float
+    turn: int
+    result: ToolResult
+
+
+@attrs.frozen(kw_only=True)
+class TurnFinished:
+    """A model turn finished streaming; ``message`` is the complete assistant message."""
+
+    kind: Literal["turn_finished"] = "turn_finished"
+    invocation_id: str
+    seq: int
+    at: float
+    turn: int
+    message: AssistantMessage
+    usage: Usage = Usage()
+    finish_reason: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class CancelRequested:
+    """Someone asked the invocation to stop (the strongest mode so far, the first reason)."""
+
+    kind: Literal["cancel_requested"] = "cancel_requested"
+    invocation_id: str
+    seq: int
+    at: float
+    mode: CancelMode
+    reason: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class InvocationEnded:
+    """The one terminal event of an invocation.
+
+    ``output`` is the final answer when ``completed``, else the partial output streamed so far.
+    ``cancel_requested`` is true when a cancel was asked for, whichever way the race went.
+    """
+
+    kind: Literal["ended"] = "ended"
+    invocation_id: str
+    seq: int
+    at: float
+    status: Status
+    reason: str | None = None
+    output: str = ""
+    error: ErrorInfo | None = None
+    usage: Usage = Usage()
+    checkpoint_id: str | None = None
+    cancel_requested: bool = False
+
+
+Event: TypeAlias = (
+    InvocationStarted
+    | TextDelta
+    | ReasoningDelta
+    | ToolCallStarted
+    | ToolCallFinished
+    | TurnFinished
+    | CancelRequested
+    | InvocationEnded
+)
+
+_EVENT_TYPES: Final[dict[str, type[Any]]] = {
+    attrs.fields(cls).kind.default: cls
+    for cls in (
+        InvocationStarted,
+        TextDelta,
+        ReasoningDelta,
+        ToolCallStarted,
+        ToolCallFinished,
+        TurnFinished,
+        CancelRequested,
+        InvocationEnded,
+    )
+}
+_MESSAGE_TYPES: Final[dict[str, type[Any]]] = {
+    "user": UserMessage,
+    "assistant": AssistantMessage,
+    "tool_results": ToolResultMessage,
+}
+
+converter = cattrs.Converter(forbid_extra_keys=True)
+"""The cattrs converter for every record; stores use it for their own records too."""
+
+
+def _structure_tagged(table: dict[str, type[Any]], what: str) -> Any:
+    def hook(value: Any, _: Any) -> Any:
+        if not isinstance(value, dict):
+            raise CorruptRecordError(f"{what} must be a JSON object, got {type(value).__name__}")
+        kind = value.get("kind")
+        cls = table.get(kind) if isinstance(kind, str) else None
+        if cls is None:
+            raise CorruptRecordError(f"unknown {what} kind {kind!r}")
+        return converter.structure(value, cls)
+
+    return hook
+
+
+converter.register_structure_hook(Message, _structure_tagged(_MESSAGE_TYPES, "message"))
+converter.register_structure_hook(Event, _structure_tagged(_EVENT_TYPES, "event"))
+
+
+def to_dict(event: Event) -> dict[str, Any]:
+    """The event as a JSON-ready dict, with the codec version under ``"v"``."""
+    data: dict[str, Any] = converter.unstructure(event)
+    data["v"] = WIRE_VERSION
+    return data
+
+
+def from_dict(data: Any) -> Event:
+    """Read an event from its wire dict; raise :class:`CorruptRecordError` if it cannot be."""
+    if not isinstance(data, dict):
+        raise CorruptRecordError(f"an event must be a JSON object, got {type(data).__name__}")
+    data = dict(data)
+    version = data.pop("v", None)
+    if version != WIRE_VERSION:
+        if isinstance(version, int) and version > WIRE_VERSION:
+            raise CorruptRecordError(
+                f"event was written by a newer trio_agents (wire version {version}, "
+                f"this one reads {WIRE_VERSION}); upgrade to read it"
+            )
+        raise CorruptRecordError(f"event has no readable wire version (v={version!r})")
+    try:
+        event: Event = converter.structure(data, Event)  # type: ignore[arg-type]
+    except CorruptRecordError:
+        raise
+    except (cattrs.BaseValidationError, TypeError, ValueError, KeyError) as exc:
+        raise CorruptRecordError(f"unreadable {data.get('kind')!r} event: {exc}") from exc
+    return event
+
+
+def encode(event: Event) -> str:
+    """The event's one JSON wire form (compact, UTF-8 safe)."""
+    return json.dumps(to_dict(event), separators=(",", ":"), ensure_ascii=False)
+
+
+def decode(text: str | bytes) -> Event:
+    """Parse :func:`encode`'s output; raise :class:`CorruptRecordError` on anything else."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise CorruptRecordError(f"event is not valid JSON: {exc}") from exc
+    return from_dict(data)
+
+
+def encode_message(message: Message) -> dict[str, Any]:
+    """A message as a JSON-ready dict (for journals and stores)."""
+    data: dict[str, Any] = converter.unstructure(message)
+    return data
+
+
+def decode_message(data: Any) -> Message:
+    """Read a message dict written by :func:`encode_message`."""
+    try:
+        message: Message = converter.structure(data, Message)  # type: ignore[arg-type]
+    except CorruptRecordError:
+        raise
+    except (cattrs.BaseValidationError, TypeError, ValueError, KeyError) as exc:
+        raise CorruptRecordError(f"unreadable message: {exc}") from exc
+    return message
