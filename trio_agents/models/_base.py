@@ -136,7 +136,9 @@ class ResponseBuilder:
             if chunk.arguments:
                 pending.arguments.append(chunk.arguments)
 
-    def end_reasoning_block(self, *, signature: str | None = None, redacted: str | None = None) -> None:
+    def end_reasoning_block(
+        self, *, signature: str | None = None, redacted: str | None = None
+    ) -> None:
         """Close the current reasoning block (Anthropic has several, with signatures)."""
         text = "".join(self._reasoning_text)
         self._reasoning_text.clear()

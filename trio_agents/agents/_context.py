@@ -1,0 +1,75 @@
+"""What an agent needs from the invocation running it.
+
+The runner (layer 3) implements :class:`RunContext`; agents (layer 2) only see this protocol, so
+they know nothing of stores, subscribers or transports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import Literal, Protocol, TypeAlias
+
+import trio
+
+from ..events import Event
+from ..messages import ModelResponse, ToolCall, ToolResult
+
+__all__ = ["Phase", "RunContext", "StopRequested"]
+
+Phase: TypeAlias = Literal["starting", "streaming", "tools", "between"]
+
+
+class StopRequested(Exception):
+    """Raised at a safe point when a safe-point cancel (``after_turn``/``after_tools``) is due.
+
+    Internal signal between the agent loop and the runner; it never reaches users.
+    """
+
+
+class RunContext(Protocol):
+    """The invocation an agent runs in."""
+
+    @property
+    def invocation_id(self) -> str: ...
+
+    @property
+    def user_id(self) -> str | None: ...
+
+    @property
+    def input(self) -> str: ...
+
+    @property
+    def journal(self) -> Sequence[Event]:
+        """Durable events recorded before this run started (non-empty only on resume)."""
+        ...
+
+    def set_phase(self, phase: Phase) -> None:
+        """Say what the agent is doing, so cancel modes know what to wait for."""
+        ...
+
+    def check_stop(self) -> None:
+        """A safe point: raise :class:`StopRequested` if a safe-point cancel is due."""
+        ...
+
+    def stream_scope(self) -> AbstractContextManager[trio.CancelScope]:
+        """A cancel scope around one model stream; ``after_tools`` cancels it."""
+        ...
+
+    def emit_text(self, turn: int, text: str) -> None:
+        """Publish a text delta (not journaled: the finished turn is)."""
+        ...
+
+    def emit_reasoning(self, turn: int, text: str) -> None: ...
+
+    async def record_turn(self, turn: int, response: ModelResponse) -> None:
+        """Journal a finished model turn, then publish it."""
+        ...
+
+    async def record_tool_started(self, turn: int, call: ToolCall) -> None:
+        """Journal the intent to run a tool call, then publish it."""
+        ...
+
+    async def record_tool_finished(self, turn: int, result: ToolResult) -> None:
+        """Journal a tool result, then publish it."""
+        ...

@@ -1,0 +1,65 @@
+"""The conversation state of one invocation, rebuilt from its journal.
+
+A new run starts from the user's input; a resumed run replays its durable events, so finished
+turns are not re-requested and recorded tool results are not re-run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+from ..events import Event, ToolCallFinished, ToolCallStarted, TurnFinished
+from ..messages import AssistantMessage, Message, ToolResult, ToolResultMessage, Usage, UserMessage
+
+__all__ = ["Transcript"]
+
+
+@attrs.define
+class Transcript:
+    """Messages so far, and the state of the last turn's tool calls.
+
+    ``last`` is the newest assistant message whose tool calls have not been answered yet
+    (``None`` once its results were folded into ``messages``).  ``intents`` counts how many
+    times each call of that turn was started; ``results`` holds the results recorded for it.
+    """
+
+    messages: list[Message]
+    turns: int = 0
+    last: AssistantMessage | None = None
+    results: dict[str, ToolResult] = attrs.field(factory=dict)
+    intents: dict[str, int] = attrs.field(factory=dict)
+    usage: Usage = Usage()
+
+    @classmethod
+    def replay(cls, user_input: str, journal: Sequence[Event]) -> Transcript:
+        transcript = cls(messages=[UserMessage(text=user_input)])
+        for event in journal:
+            if isinstance(event, TurnFinished):
+                transcript.close_turn()
+                transcript.add_turn(event.message, event.usage, turn=event.turn)
+            elif isinstance(event, ToolCallStarted):
+                transcript.intents[event.call.id] = transcript.intents.get(event.call.id, 0) + 1
+            elif isinstance(event, ToolCallFinished):
+                transcript.results[event.result.call_id] = event.result
+        return transcript
+
+    def add_turn(self, message: AssistantMessage, usage: Usage, *, turn: int) -> None:
+        self.messages.append(message)
+        self.turns = turn
+        self.last = message
+        self.usage = self.usage + usage
+        self.results = {}
+        self.intents = {}
+
+    def close_turn(self) -> None:
+        """Fold the last turn's tool results into the messages, in the order of its calls."""
+        if self.last is not None and self.last.tool_calls:
+            ordered = tuple(
+                self.results[c.id] for c in self.last.tool_calls if c.id in self.results
+            )
+            self.messages.append(ToolResultMessage(results=ordered))
+        self.last = None
+        self.results = {}
+        self.intents = {}

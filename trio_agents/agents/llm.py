@@ -1,0 +1,196 @@
+"""The model <-> tool loop of one agent.
+
+One turn: stream the model's answer (deltas are published as they arrive), journal the finished
+turn, then run its tool calls in a nursery - in parallel, each journaled as an intent before it
+runs and as a result after.  The loop ends when the model answers without tool calls.
+
+Everything the loop starts lives inside the invocation's cancel scope: cancelling it closes the
+model's stream (the server sees the disconnect) and delivers ``trio.Cancelled`` to every running
+tool.  Safe points (between turns, after tools) are where ``after_turn`` / ``after_tools``
+cancels take effect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import trio
+
+from .._exceptions import MaxTurnsExceeded, UsageError
+from ..messages import ModelRequest, ToolCall, ToolResult
+from ..models._base import Model, ReasoningChunk, TextChunk
+from ..tools import Tool, ToolContext, tool
+from ._context import RunContext, StopRequested
+from ._transcript import Transcript
+
+__all__ = ["Agent"]
+
+UNKNOWN_OUTCOME = (
+    "unknown outcome: this call of tool {name!r} was started before the process running it "
+    "stopped, so whether it took effect is unknown. It was not run again because the tool is "
+    "not declared idempotent. Check its effect before calling it again."
+)
+
+
+def _as_tool(item: Tool | Callable[..., Any], agent: str) -> Tool:
+    if isinstance(item, Tool):
+        return item
+    if callable(item):
+        return tool(item)
+    raise UsageError(f"agent {agent!r}: {item!r} is not a tool (decorate a function with @tool)")
+
+
+class Agent:
+    """An LLM agent: a model, instructions, and tools it may call.
+
+    Construction checks the configuration and raises :class:`~trio_agents.UsageError` naming
+    the problem: no model, a model that is not a :class:`~trio_agents.models.Model`, a tool
+    without annotations, two tools with one name, ``max_turns < 1``.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        model: Model | None,
+        instructions: str = "",
+        tools: Iterable[Tool | Callable[..., Any]] = (),
+        max_turns: int = 10,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        description: str = "",
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise UsageError(f"an agent needs a non-empty name, got {name!r}")
+        if model is None:
+            raise UsageError(
+                f"agent {name!r} has no model; pass model=... (e.g. models.OpenAIChat)"
+            )
+        if not isinstance(model, Model):
+            raise UsageError(
+                f"agent {name!r}: model {model!r} is not a model (it needs name, provider and "
+                "stream(request))"
+            )
+        if isinstance(tools, (str, bytes)) or not isinstance(tools, Iterable):
+            raise UsageError(f"agent {name!r}: tools must be a list of tools, got {tools!r}")
+        if not isinstance(max_turns, int) or max_turns < 1:
+            raise UsageError(f"agent {name!r}: max_turns must be a positive int, got {max_turns!r}")
+        by_name: dict[str, Tool] = {}
+        for item in tools:
+            t = _as_tool(item, name)
+            if t.name in by_name:
+                raise UsageError(
+                    f"agent {name!r} has two tools named {t.name!r}; names must be unique"
+                )
+            if t.requires_approval:
+                raise UsageError(
+                    f"agent {name!r}: tool {t.name!r} requires approval, which this version of "
+                    "trio_agents does not support yet"
+                )
+            by_name[t.name] = t
+        self.name = name
+        self.model = model
+        self.instructions = instructions
+        self.description = description
+        self.max_turns = max_turns
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+        self._tools = by_name
+
+    def __repr__(self) -> str:
+        return f"Agent(name={self.name!r}, model={self.model.name!r}, tools={list(self._tools)})"
+
+    @property
+    def tools(self) -> Mapping[str, Tool]:
+        return dict(self._tools)
+
+    async def run(self, ctx: RunContext) -> str:
+        """Run (or resume) the loop in ``ctx``; return the final answer.
+
+        Raises :class:`StopRequested` at a safe point when a safe-point cancel is due,
+        :class:`~trio_agents.MaxTurnsExceeded`, or the model's
+        :class:`~trio_agents.ModelError`.  ``trio.Cancelled`` passes through untouched.
+        """
+        transcript = Transcript.replay(ctx.input, ctx.journal)
+        while True:
+            last = transcript.last
+            if last is not None:
+                if not last.tool_calls:
+                    return last.text
+                missing = [c for c in last.tool_calls if c.id not in transcript.results]
+                if missing:
+                    await self._run_tools(ctx, transcript, missing)
+                transcript.close_turn()
+            ctx.set_phase("between")
+            ctx.check_stop()
+            if transcript.turns >= self.max_turns:
+                raise MaxTurnsExceeded(
+                    f"agent {self.name!r} used all {self.max_turns} turns without a final answer"
+                )
+            await self._model_turn(ctx, transcript)
+
+    async def _model_turn(self, ctx: RunContext, transcript: Transcript) -> None:
+        turn = transcript.turns + 1
+        request = ModelRequest(
+            instructions=self.instructions,
+            messages=tuple(transcript.messages),
+            tools=tuple(t.spec for t in self._tools.values()),
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+        )
+        ctx.set_phase("streaming")
+        with ctx.stream_scope() as scope:
+            async with self.model.stream(request) as stream:
+                async for chunk in stream:
+                    if isinstance(chunk, TextChunk):
+                        ctx.emit_text(turn, chunk.text)
+                    elif isinstance(chunk, ReasoningChunk):
+                        ctx.emit_reasoning(turn, chunk.text)
+                response = stream.response
+        if scope.cancelled_caught:
+            raise StopRequested
+        await ctx.record_turn(turn, response)
+        transcript.add_turn(response.message, response.usage, turn=turn)
+
+    async def _run_tools(
+        self, ctx: RunContext, transcript: Transcript, calls: list[ToolCall]
+    ) -> None:
+        ctx.set_phase("tools")
+        async with trio.open_nursery() as nursery:
+            for call in calls:
+                nursery.start_soon(self._run_one, ctx, transcript, call)
+
+    async def _run_one(self, ctx: RunContext, transcript: Transcript, call: ToolCall) -> None:
+        turn = transcript.turns
+        found = self._tools.get(call.name)
+        attempt = transcript.intents.get(call.id, 0) + 1
+        if attempt > 1 and (found is None or not found.idempotent):
+            result = ToolResult(
+                call_id=call.id,
+                name=call.name,
+                content=UNKNOWN_OUTCOME.format(name=call.name),
+                is_error=True,
+            )
+        else:
+            await ctx.record_tool_started(turn, call)
+            if found is None:
+                known = ", ".join(sorted(self._tools)) or "none"
+                result = ToolResult(
+                    call_id=call.id,
+                    name=call.name,
+                    content=f"unknown tool {call.name!r}; the tools are: {known}",
+                    is_error=True,
+                )
+            else:
+                context = ToolContext(
+                    invocation_id=ctx.invocation_id,
+                    call_id=call.id,
+                    tool_name=call.name,
+                    idempotency_key=f"{ctx.invocation_id}:{call.id}",
+                    attempt=attempt,
+                    user_id=ctx.user_id,
+                )
+                result = await found.call(call, context)
+        await ctx.record_tool_finished(turn, result)
+        transcript.results[call.id] = result

@@ -1,0 +1,657 @@
+"""Runner, Invocation and Outcome: one structured-concurrency unit per agent invocation.
+
+Who owns what
+    A :class:`Runner` is a nursery with a registry.  ``async with Runner() as runner`` opens the
+    store and two nurseries: one holds the invocations, one holds the runner's own background
+    tasks (lease renewal).  Each invocation is one task in the first nursery running under its
+    own ``trio.CancelScope``; everything the invocation starts - the model's HTTP stream (owned
+    by the model's async context manager), tool calls (owned by the agent loop's nursery) - lives
+    inside that scope.  Leaving the ``async with`` block waits for the invocations still running.
+
+What happens on cancel
+    ``inv.cancel(mode="immediate")`` is one ``scope.cancel()``: the stream's context manager
+    closes the HTTP response (the server sees the disconnect), tools get ``trio.Cancelled`` at
+    their next checkpoint, and the invocation ends ``cancelled``.  ``after_tools`` cancels only
+    the model stream (if one is open) and lets running tools finish; ``after_turn`` lets the
+    turn and its tools finish.  Both stop at the next safe point (before a model call).
+    ``grace=`` sets the scope's deadline, so a safe-point cancel becomes immediate when it
+    expires.  Later calls only strengthen the mode; the first reason is kept.  A cancel of the
+    runner's block itself (Ctrl-C, an outer deadline) ends each invocation ``cancelled`` with
+    reason ``"shutdown"``, journaled, so another process can resume it.
+
+What is persisted first
+    Every durable event (started, turn finished, tool intent, tool result, the end) is appended
+    to the store *before* it is published to subscribers.  The terminal event is written in a
+    shielded scope with a short deadline (``cleanup_timeout``), then published, then ``wait()``
+    returns.  Text deltas are published only: the finished turn that contains them is durable.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import AsyncExitStack, contextmanager
+from typing import Any, Final, Literal, TypeAlias, TypeVar
+
+import attrs
+import trio
+
+from ._exceptions import InvocationNotFound, StoreError, UsageError
+from .agents._context import Phase, StopRequested
+from .agents.llm import Agent
+from .events import (
+    CancelRequested,
+    ErrorInfo,
+    Event,
+    InvocationEnded,
+    InvocationStarted,
+    ReasoningDelta,
+    Status,
+    TextDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+    TurnFinished,
+)
+from .messages import ModelResponse, ToolCall, ToolResult, Usage
+from .stores._base import InvocationRecord, Lease, Store
+from .stores._open import open_store
+
+__all__ = ["CancelMode", "EventStream", "Invocation", "Outcome", "Runner"]
+
+CancelMode: TypeAlias = Literal["after_turn", "after_tools", "immediate"]
+_STRENGTH: Final[dict[str, int]] = {"after_turn": 1, "after_tools": 2, "immediate": 3}
+E = TypeVar("E", bound=Event)
+
+
+@attrs.frozen(kw_only=True)
+class Outcome:
+    """How an invocation ended.  Exactly one per invocation.
+
+    Attributes:
+        status: ``completed``, ``failed``, ``cancelled`` or ``paused``.
+        output: the final answer when completed, else the partial output streamed so far.
+        error: what ended a failed invocation (serialisable); ``exception`` is the live
+            exception object (in this process only).
+        reason: why it was cancelled (the first reason given), or the failure's message.
+        usage: tokens of the finished turns.
+        checkpoint_id: the id of the durable terminal checkpoint (``None`` if the store could
+            not be written; ``store_error`` then says why).
+        cancel_requested: a cancel was asked for, whichever way the race with completion went.
+        cancel_mode: the strongest mode asked for.
+    """
+
+    invocation_id: str
+    status: Status
+    output: str = ""
+    error: ErrorInfo | None = None
+    exception: BaseException | None = attrs.field(default=None, eq=False, repr=False)
+    reason: str | None = None
+    usage: Usage = Usage()
+    checkpoint_id: str | None = None
+    cancel_requested: bool = False
+    cancel_mode: CancelMode | None = None
+    store_error: str | None = None
+
+
+class EventStream:
+    """A cursor over an invocation's event log: replays from the start, then follows live.
+
+    It holds no buffer: a slow reader costs one integer, never memory that grows, and never
+    slows the invocation down.  Iteration ends after the terminal event.
+    """
+
+    def __init__(self, invocation: Invocation, after_seq: int = 0) -> None:
+        self._inv = invocation
+        self._index = 0
+        self._after = after_seq
+
+    def __aiter__(self) -> EventStream:
+        return self
+
+    async def __anext__(self) -> Event:
+        await trio.lowlevel.checkpoint()
+        log = self._inv._log
+        while True:
+            while self._index < len(log):
+                event = log[self._index]
+                self._index += 1
+                if event.seq > self._after:
+                    return event
+            if self._inv._ended is not None:
+                raise StopAsyncIteration
+            await self._inv._lot.park()
+
+
+class _Context:
+    """The :class:`~trio_agents.agents.RunContext` an invocation hands its agent."""
+
+    def __init__(self, inv: Invocation, journal: list[Event]) -> None:
+        self._inv = inv
+        self.journal = journal
+
+    @property
+    def invocation_id(self) -> str:
+        return self._inv.id
+
+    @property
+    def user_id(self) -> str | None:
+        return self._inv.user_id
+
+    @property
+    def input(self) -> str:
+        return self._inv.input
+
+    def set_phase(self, phase: Phase) -> None:
+        inv = self._inv
+        inv._phase = phase
+        if phase == "streaming":
+            inv._partial.clear()
+
+    def check_stop(self) -> None:
+        if self._inv._mode is not None:
+            raise StopRequested
+
+    @contextmanager
+    def stream_scope(self) -> Iterator[trio.CancelScope]:
+        inv = self._inv
+        with trio.CancelScope() as scope:
+            inv._stream_scope = scope
+            if inv._mode in ("after_tools", "immediate"):
+                scope.cancel()
+            try:
+                yield scope
+            finally:
+                inv._stream_scope = None
+
+    def emit_text(self, turn: int, text: str) -> None:
+        self._inv._partial.append(text)
+        self._inv._publish(self._inv._stamp(TextDelta, turn=turn, text=text))
+
+    def emit_reasoning(self, turn: int, text: str) -> None:
+        self._inv._publish(self._inv._stamp(ReasoningDelta, turn=turn, text=text))
+
+    async def record_turn(self, turn: int, response: ModelResponse) -> None:
+        inv = self._inv
+        await inv._record(
+            inv._stamp(
+                TurnFinished,
+                turn=turn,
+                message=response.message,
+                usage=response.usage,
+                finish_reason=response.finish_reason,
+            )
+        )
+        inv._usage = inv._usage + response.usage
+        inv._last_text = response.message.text
+        inv._partial.clear()
+
+    async def record_tool_started(self, turn: int, call: ToolCall) -> None:
+        await self._inv._record(self._inv._stamp(ToolCallStarted, turn=turn, call=call))
+
+    async def record_tool_finished(self, turn: int, result: ToolResult) -> None:
+        await self._inv._record(self._inv._stamp(ToolCallFinished, turn=turn, result=result))
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+class Invocation:
+    """One run of an agent: its cancel scope, its event log, its one outcome.
+
+    Made by :meth:`Runner.start` or :meth:`Runner.resume`; not constructed directly.
+    """
+
+    def __init__(
+        self,
+        runner: Runner,
+        agent: Agent,
+        *,
+        invocation_id: str,
+        input: str,
+        user_id: str | None,
+        session_id: str | None,
+        journal: list[Event],
+        lease: Lease | None,
+        last_seq: int,
+    ) -> None:
+        self.id = invocation_id
+        self.agent = agent
+        self.input = input
+        self.user_id = user_id
+        self.session_id = session_id
+        self.resumed = bool(journal) or lease is not None
+        self._runner = runner
+        self._token = trio.lowlevel.current_trio_token()
+        self._scope = trio.CancelScope()
+        self._stream_scope: trio.CancelScope | None = None
+        self._phase: Phase = "starting"
+        self._mode: CancelMode | None = None
+        self._reason: str | None = None
+        self._lease = lease
+        self._seq = last_seq
+        # Earlier runs' terminal events stay in the store; the live log shows this run's end only.
+        self._log: list[Event] = [e for e in journal if not isinstance(e, InvocationEnded)]
+        self._lot = trio.lowlevel.ParkingLot()
+        self._ctx = _Context(self, journal)
+        self._partial: list[str] = []
+        self._last_text = ""
+        self._usage = Usage()
+        for event in journal:
+            if isinstance(event, TurnFinished):
+                self._usage = self._usage + event.usage
+                self._last_text = event.message.text
+        self._ended: InvocationEnded | None = None
+        self._outcome: Outcome | None = None
+        self._done = trio.Event()
+
+    def __repr__(self) -> str:
+        state = self._outcome.status if self._outcome else "running"
+        return f"<Invocation {self.id} agent={self.agent.name!r} {state}>"
+
+    # ---- public -------------------------------------------------------------------------
+
+    @property
+    def outcome(self) -> Outcome | None:
+        """The outcome once the invocation has ended, else ``None``."""
+        return self._outcome
+
+    def is_active(self) -> bool:
+        return self._outcome is None
+
+    def events(self, *, after_seq: int = 0) -> EventStream:
+        """Every event of this invocation from the start (or after ``after_seq``), then live."""
+        return EventStream(self, after_seq)
+
+    async def wait(self) -> Outcome:
+        """Wait for the end.  When this returns, nothing of the invocation is running."""
+        await self._done.wait()
+        assert self._outcome is not None
+        return self._outcome
+
+    def cancel(
+        self,
+        mode: CancelMode = "immediate",
+        *,
+        reason: str | None = None,
+        grace: float | None = None,
+    ) -> bool:
+        """Ask the invocation to stop.  Sync, idempotent, safe from any thread.
+
+        Returns ``False`` if the invocation has already ended (a no-op), else ``True``.
+        Raises :class:`~trio_agents.UsageError` for an unknown mode or a negative grace.
+        """
+        if mode not in _STRENGTH:
+            raise UsageError(
+                f"unknown cancel mode {mode!r}; use 'after_turn', 'after_tools' or 'immediate'"
+            )
+        if grace is not None and not grace >= 0:
+            raise UsageError(f"grace must be a number of seconds >= 0, got {grace!r}")
+        if self._outcome is not None:
+            return False
+        try:
+            here = trio.lowlevel.current_trio_token() is self._token
+        except RuntimeError:
+            here = False
+        if here:
+            self._apply_cancel(mode, reason, grace)
+        else:
+            try:
+                self._token.run_sync_soon(self._apply_cancel, mode, reason, grace)
+            except trio.RunFinishedError:
+                return False
+        return True
+
+    # ---- cancel ---------------------------------------------------------------------------
+
+    def _apply_cancel(self, mode: CancelMode, reason: str | None, grace: float | None) -> None:
+        if self._outcome is not None:
+            return
+        if self._reason is None:
+            self._reason = reason
+        stronger = self._mode is None or _STRENGTH[mode] > _STRENGTH[self._mode]
+        if stronger:
+            self._mode = mode
+            self._publish(self._stamp(CancelRequested, mode=mode, reason=self._reason))
+        if self._mode == "immediate":
+            self._scope.cancel(reason=self._reason)
+        elif self._mode == "after_tools" and self._stream_scope is not None:
+            self._stream_scope.cancel(reason=self._reason)
+        if grace is not None and self._mode != "immediate":
+            self._scope.deadline = min(self._scope.deadline, trio.current_time() + grace)
+
+    # ---- events -----------------------------------------------------------------------------
+
+    def _stamp(self, cls: type[E], **fields: Any) -> E:
+        self._seq += 1
+        return cls(invocation_id=self.id, seq=self._seq, at=time.time(), **fields)
+
+    def _publish(self, event: Event) -> None:
+        self._log.append(event)
+        self._lot.unpark_all()
+
+    async def _record(self, event: Event) -> None:
+        """Durable before visible: append to the store, then publish."""
+        assert self._lease is not None
+        await self._runner.store.append_events(self._lease, [event])
+        self._publish(event)
+
+    # ---- the task -----------------------------------------------------------------------------
+
+    async def _main(self) -> None:
+        status: Status | None = None
+        output = ""
+        error: BaseException | None = None
+        try:
+            try:
+                with self._scope:
+                    output = await self._body()
+                if self._scope.cancelled_caught:
+                    status = "cancelled"
+                    if self._mode != "immediate":  # a grace period ran out
+                        self._mode = "immediate"
+                else:
+                    status = "completed"
+            except StopRequested:
+                status = "cancelled"
+            except Exception as exc:
+                status = "failed"
+                error = _leaf(exc)
+        finally:
+            if status is None:  # a cancel from outside the invocation: the runner is stopping
+                status = "cancelled"
+                if self._reason is None:
+                    self._reason = "shutdown"
+            await self._finish(status, output, error)
+
+    async def _body(self) -> str:
+        runner = self._runner
+        if self._lease is None:
+            record = InvocationRecord(
+                id=self.id,
+                agent=self.agent.name,
+                input=self.input,
+                user_id=self.user_id,
+                session_id=self.session_id,
+                owner=runner.owner,
+            )
+            self._lease = await runner.store.create_invocation(record, ttl=runner.lease_ttl)
+        await self._record(
+            self._stamp(
+                InvocationStarted,
+                agent=self.agent.name,
+                input=self.input,
+                user_id=self.user_id,
+                session_id=self.session_id,
+                resumed=self.resumed,
+            )
+        )
+        return await self.agent.run(self._ctx)
+
+    async def _finish(self, status: Status, output: str, error: BaseException | None) -> None:
+        if status != "completed":
+            output = "".join(self._partial) or self._last_text
+        if status == "failed" and error is not None:
+            reason: str | None = f"{type(error).__name__}: {error}"
+        else:
+            reason = self._reason if status == "cancelled" else None
+        checkpoint_id: str | None = None
+        store_error: str | None = None
+        with trio.move_on_after(self._runner.cleanup_timeout, shield=True) as cleanup:
+            ended = self._stamp(
+                InvocationEnded,
+                status=status,
+                reason=reason,
+                output=output,
+                error=ErrorInfo.from_exception(error) if error is not None else None,
+                usage=self._usage,
+                checkpoint_id=f"{self.id}:{self._seq + 1}",
+                cancel_requested=self._mode is not None,
+            )
+            try:
+                if self._lease is None:  # cancelled before the record was created
+                    record = InvocationRecord(
+                        id=self.id,
+                        agent=self.agent.name,
+                        input=self.input,
+                        user_id=self.user_id,
+                        session_id=self.session_id,
+                        owner=self._runner.owner,
+                    )
+                    self._lease = await self._runner.store.create_invocation(
+                        record, ttl=self._runner.lease_ttl
+                    )
+                await self._runner.store.append_events(self._lease, [ended])
+                checkpoint_id = ended.checkpoint_id
+            except (StoreError, UsageError) as exc:
+                store_error = f"{type(exc).__name__}: {exc}"
+        if cleanup.cancelled_caught:
+            store_error = f"the terminal write took longer than {self._runner.cleanup_timeout}s"
+        if checkpoint_id is None:
+            ended = attrs.evolve(ended, checkpoint_id=None)
+        self._ended = ended
+        self._outcome = Outcome(
+            invocation_id=self.id,
+            status=status,
+            output=output,
+            error=ended.error,
+            exception=error,
+            reason=reason,
+            usage=self._usage,
+            checkpoint_id=checkpoint_id,
+            cancel_requested=self._mode is not None,
+            cancel_mode=self._mode,
+            store_error=store_error,
+        )
+        self._publish(ended)
+        self._runner._forget(self)
+        self._done.set()
+
+
+class Runner:
+    """Runs agents; owns their invocations.  Use as ``async with Runner(...) as runner``.
+
+    Args:
+        store: a store URL (``"memory://"`` - the default, ``"sqlite:///path"``,
+            ``"postgresql://..."``) or a :class:`~trio_agents.stores.Store` you own.
+        agents: agents this runner may resume by name (agents passed to :meth:`start` are
+            remembered too).
+        owner: this process's name in leases (default: host, pid and a random suffix).
+        lease_ttl: seconds a lease lasts; it is renewed every third of that while running.
+        cleanup_timeout: the deadline of the shielded terminal write.
+    """
+
+    def __init__(
+        self,
+        store: str | Store = "memory://",
+        *,
+        agents: list[Agent] | tuple[Agent, ...] = (),
+        owner: str | None = None,
+        lease_ttl: float = 30.0,
+        cleanup_timeout: float = 5.0,
+    ) -> None:
+        if lease_ttl <= 0 or cleanup_timeout <= 0:
+            raise UsageError("lease_ttl and cleanup_timeout must be positive numbers of seconds")
+        self._store_spec = store
+        self._agents: dict[str, Agent] = {a.name: a for a in agents}
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.lease_ttl = lease_ttl
+        self.cleanup_timeout = cleanup_timeout
+        self._active: dict[str, Invocation] = {}
+        self._store: Store | None = None
+        self._nursery: trio.Nursery | None = None
+        self._stack: AsyncExitStack | None = None
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            raise UsageError("the runner is not open; use `async with Runner(...) as runner:`")
+        return self._store
+
+    async def __aenter__(self) -> Runner:
+        if self._stack is not None:
+            raise UsageError("this Runner is already open")
+        async with AsyncExitStack() as stack:
+            self._store = await stack.enter_async_context(open_store(self._store_spec))
+            system = await stack.enter_async_context(trio.open_nursery())
+            system.start_soon(self._renew_leases)
+            # Exits run in reverse: the invocations' nursery is left first (waiting for them),
+            # then the background tasks are cancelled, then the store is closed.
+            stack.callback(system.cancel_scope.cancel)
+            self._nursery = await stack.enter_async_context(trio.open_nursery())
+            self._stack = stack.pop_all()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> bool:
+        stack, self._stack = self._stack, None
+        assert stack is not None
+        try:
+            return await stack.__aexit__(*exc_info)
+        finally:
+            self._nursery = None
+            self._store = None
+
+    # ---- start, resume, cancel ----------------------------------------------------------
+
+    def start(
+        self,
+        agent: Agent,
+        input: str,
+        *,
+        user_id: str | None = None,
+        session_id: str | None = None,
+        invocation_id: str | None = None,
+    ) -> Invocation:
+        """Start an invocation and return it at once (it runs in the runner's nursery)."""
+        if self._nursery is None:
+            raise UsageError("the runner is not open; use `async with Runner(...) as runner:`")
+        if not isinstance(agent, Agent):
+            raise UsageError(f"runner.start needs an Agent, got {agent!r}")
+        if not isinstance(input, str):
+            raise UsageError(f"the input must be a str, got {type(input).__name__}")
+        invocation_id = invocation_id or uuid.uuid4().hex
+        if invocation_id in self._active:
+            raise UsageError(f"invocation {invocation_id!r} is already running in this runner")
+        self._agents[agent.name] = agent
+        inv = Invocation(
+            self,
+            agent,
+            invocation_id=invocation_id,
+            input=input,
+            user_id=user_id,
+            session_id=session_id,
+            journal=[],
+            lease=None,
+            last_seq=0,
+        )
+        self._launch(inv)
+        return inv
+
+    def _launch(self, inv: Invocation) -> None:
+        assert self._nursery is not None
+        self._active[inv.id] = inv
+        self._nursery.start_soon(inv._main, name=f"invocation {inv.id}")
+
+    def _forget(self, inv: Invocation) -> None:
+        if self._active.get(inv.id) is inv:
+            del self._active[inv.id]
+
+    async def run(self, agent: Agent, input: str, **kwargs: Any) -> Outcome:
+        """Start an invocation and wait for its outcome."""
+        return await self.start(agent, input, **kwargs).wait()
+
+    async def resume(self, invocation_id: str, *, agent: Agent | None = None) -> Invocation:
+        """Continue an invocation from its journal, under the same id, in this process.
+
+        Finished turns are not re-requested and recorded tool results are not re-run.
+        Raises :class:`~trio_agents.InvocationNotFound`, :class:`~trio_agents.LeaseError` if
+        another process holds a live lease, :class:`~trio_agents.UsageError` if it completed
+        already, runs here already, or its agent is unknown to this runner.
+        """
+        if self._nursery is None:
+            raise UsageError("the runner is not open; use `async with Runner(...) as runner:`")
+        if invocation_id in self._active:
+            raise UsageError(f"invocation {invocation_id!r} is already running in this runner")
+        record = await self.store.get_invocation(invocation_id)
+        if record.status == "completed":
+            raise UsageError(f"invocation {invocation_id!r} completed already; nothing to resume")
+        if agent is None:
+            agent = self._agents.get(record.agent)
+            if agent is None:
+                raise UsageError(
+                    f"invocation {invocation_id!r} was run by agent {record.agent!r}, which this "
+                    "runner does not know; pass agent=... or Runner(agents=[...])"
+                )
+        lease = await self.store.acquire_lease(invocation_id, owner=self.owner, ttl=self.lease_ttl)
+        journal = await self.store.load_events(invocation_id)
+        last_seq = max([record.last_seq, *(e.seq for e in journal)])
+        inv = Invocation(
+            self,
+            agent,
+            invocation_id=invocation_id,
+            input=record.input,
+            user_id=record.user_id,
+            session_id=record.session_id,
+            journal=journal,
+            lease=lease,
+            last_seq=last_seq,
+        )
+        self._launch(inv)
+        return inv
+
+    def get(self, invocation_id: str) -> Invocation:
+        """The invocation running here with this id; raises :class:`InvocationNotFound`."""
+        try:
+            return self._active[invocation_id]
+        except KeyError:
+            raise InvocationNotFound(f"no invocation {invocation_id!r} is running here") from None
+
+    def is_active(self, invocation_id: str) -> bool:
+        """Whether an invocation with this id is running in this runner."""
+        return invocation_id in self._active
+
+    def cancel(
+        self,
+        invocation_id: str,
+        mode: CancelMode = "immediate",
+        *,
+        reason: str | None = None,
+        grace: float | None = None,
+    ) -> bool:
+        """Cancel a running invocation by id; ``False`` if none runs here with that id."""
+        inv = self._active.get(invocation_id)
+        if inv is None:
+            return False
+        return inv.cancel(mode, reason=reason, grace=grace)
+
+    def cancel_all(
+        self,
+        mode: CancelMode = "immediate",
+        *,
+        reason: str | None = None,
+        grace: float | None = None,
+    ) -> int:
+        """Cancel every invocation running here; return how many were asked."""
+        return sum(
+            inv.cancel(mode, reason=reason, grace=grace) for inv in list(self._active.values())
+        )
+
+    # ---- background -----------------------------------------------------------------------
+
+    async def _renew_leases(self) -> None:
+        """Renew the lease of every running invocation every third of ``lease_ttl``."""
+        while True:
+            await trio.sleep(self.lease_ttl / 3)
+            for inv in list(self._active.values()):
+                lease = inv._lease
+                if lease is None or inv._outcome is not None:
+                    continue
+                try:
+                    inv._lease = await self.store.renew_lease(lease, ttl=self.lease_ttl)
+                except StoreError as exc:
+                    inv.cancel("immediate", reason=f"lease lost: {exc}")
