@@ -176,23 +176,21 @@ class _Context:
     async def record_turn(self, turn: int, response: ModelResponse) -> None:
         inv = self._inv
         await inv._record(
-            inv._stamp(
-                TurnFinished,
-                turn=turn,
-                message=response.message,
-                usage=response.usage,
-                finish_reason=response.finish_reason,
-            )
+            TurnFinished,
+            turn=turn,
+            message=response.message,
+            usage=response.usage,
+            finish_reason=response.finish_reason,
         )
         inv._usage = inv._usage + response.usage
         inv._last_text = response.message.text
         inv._partial.clear()
 
     async def record_tool_started(self, turn: int, call: ToolCall) -> None:
-        await self._inv._record(self._inv._stamp(ToolCallStarted, turn=turn, call=call))
+        await self._inv._record(ToolCallStarted, turn=turn, call=call)
 
     async def record_tool_finished(self, turn: int, result: ToolResult) -> None:
-        await self._inv._record(self._inv._stamp(ToolCallFinished, turn=turn, result=result))
+        await self._inv._record(ToolCallFinished, turn=turn, result=result)
 
 
 def _leaf(exc: BaseException) -> BaseException:
@@ -238,6 +236,9 @@ class Invocation:
         # Earlier runs' terminal events stay in the store; the live log shows this run's end only.
         self._log: list[Event] = [e for e in journal if not isinstance(e, InvocationEnded)]
         self._lot = trio.lowlevel.ParkingLot()
+        self._write_lock = trio.Lock()
+        self._writing = False
+        self._held: list[Event] = []
         self._ctx = _Context(self, journal)
         self._partial: list[str] = []
         self._last_text = ""
@@ -332,14 +333,30 @@ class Invocation:
         return cls(invocation_id=self.id, seq=self._seq, at=time.time(), **fields)
 
     def _publish(self, event: Event) -> None:
+        if self._writing:  # keep the log in seq order: after the durable event being written
+            self._held.append(event)
+            return
         self._log.append(event)
         self._lot.unpark_all()
 
-    async def _record(self, event: Event) -> None:
-        """Durable before visible: append to the store, then publish."""
+    async def _record(self, cls: type[E], **fields: Any) -> None:
+        """Durable before visible: stamp, append to the store, then publish.
+
+        Writes are serialised (parallel tools record concurrently) so stored seqs grow;
+        ephemeral events published meanwhile are held and follow the durable one.
+        """
         assert self._lease is not None
-        await self._runner.store.append_events(self._lease, [event])
-        self._publish(event)
+        async with self._write_lock:
+            event = self._stamp(cls, **fields)
+            self._writing = True
+            try:
+                await self._runner.store.append_events(self._lease, [event])
+            finally:
+                self._writing = False
+                held, self._held = self._held, []
+            self._publish(event)
+            for later in held:
+                self._publish(later)
 
     # ---- the task -----------------------------------------------------------------------------
 
@@ -382,14 +399,12 @@ class Invocation:
             )
             self._lease = await runner.store.create_invocation(record, ttl=runner.lease_ttl)
         await self._record(
-            self._stamp(
-                InvocationStarted,
-                agent=self.agent.name,
-                input=self.input,
-                user_id=self.user_id,
-                session_id=self.session_id,
-                resumed=self.resumed,
-            )
+            InvocationStarted,
+            agent=self.agent.name,
+            input=self.input,
+            user_id=self.user_id,
+            session_id=self.session_id,
+            resumed=self.resumed,
         )
         return await self.agent.run(self._ctx)
 
@@ -511,7 +526,7 @@ class Runner:
         stack, self._stack = self._stack, None
         assert stack is not None
         try:
-            return await stack.__aexit__(*exc_info)
+            return bool(await stack.__aexit__(*exc_info))
         finally:
             self._nursery = None
             self._store = None

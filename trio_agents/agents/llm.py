@@ -13,7 +13,7 @@ cancels take effect.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, TypeAlias
 
 import trio
 
@@ -26,6 +26,8 @@ from ._transcript import Transcript
 
 __all__ = ["Agent"]
 
+AnyTool: TypeAlias = Tool[..., Any]
+
 UNKNOWN_OUTCOME = (
     "unknown outcome: this call of tool {name!r} was started before the process running it "
     "stopped, so whether it took effect is unknown. It was not run again because the tool is "
@@ -33,7 +35,7 @@ UNKNOWN_OUTCOME = (
 )
 
 
-def _as_tool(item: Tool | Callable[..., Any], agent: str) -> Tool:
+def _as_tool(item: AnyTool | Callable[..., Any], agent: str) -> AnyTool:
     if isinstance(item, Tool):
         return item
     if callable(item):
@@ -55,7 +57,7 @@ class Agent:
         name: str,
         model: Model | None,
         instructions: str = "",
-        tools: Iterable[Tool | Callable[..., Any]] = (),
+        tools: Iterable[AnyTool | Callable[..., Any]] = (),
         max_turns: int = 10,
         max_tokens: int | None = None,
         temperature: float | None = None,
@@ -72,11 +74,11 @@ class Agent:
                 f"agent {name!r}: model {model!r} is not a model (it needs name, provider and "
                 "stream(request))"
             )
-        if isinstance(tools, (str, bytes)) or not isinstance(tools, Iterable):
+        if not isinstance(tools, (list, tuple)):
             raise UsageError(f"agent {name!r}: tools must be a list of tools, got {tools!r}")
         if not isinstance(max_turns, int) or max_turns < 1:
             raise UsageError(f"agent {name!r}: max_turns must be a positive int, got {max_turns!r}")
-        by_name: dict[str, Tool] = {}
+        by_name: dict[str, AnyTool] = {}
         for item in tools:
             t = _as_tool(item, name)
             if t.name in by_name:
@@ -102,7 +104,7 @@ class Agent:
         return f"Agent(name={self.name!r}, model={self.model.name!r}, tools={list(self._tools)})"
 
     @property
-    def tools(self) -> Mapping[str, Tool]:
+    def tools(self) -> Mapping[str, AnyTool]:
         return dict(self._tools)
 
     async def run(self, ctx: RunContext) -> str:

@@ -1,0 +1,39 @@
+"""Developer tasks: ``nox -s tests``, ``nox -s lint``, ``nox -s bench``, ``nox -s demo``."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["lint", "tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The test suite (PostgreSQL tests skip if the server is absent, unless CI requires it)."""
+    session.install("-e", ".[dev]")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff (with the ASYNC rules) and mypy --strict."""
+    session.install("-e", ".[dev]")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    session.run("mypy")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Speed and memory benchmarks; prints the figures the README quotes."""
+    session.install("-e", ".[dev]")
+    for script in ("cancel_latency", "overhead", "memory", "journal"):
+        session.run("python", f"benchmarks/{script}.py", *session.posargs)
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """The offline demo: a fake model server on 127.0.0.1, a real agent, a real cancel."""
+    session.install("-e", ".")
+    session.run("trio-agents", "demo")
