@@ -8,6 +8,9 @@ the stores all use them, so an event looks the same wherever it is read.
 The wire form is a JSON object with the event's fields plus ``"v"``, the codec version
 (:data:`WIRE_VERSION`).  A record from a newer version, or one that cannot be read, raises
 :class:`~trio_agents.CorruptRecordError`; it never half-loads.
+
+Events of an agent inside a workflow carry a ``path`` (``"0:research"``,
+``"0:research/1:critic"``): the step they belong to.  The top agent's path is ``""``.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ __all__ = [
     "InvocationStarted",
     "ReasoningDelta",
     "Status",
+    "StepFinished",
     "TextDelta",
     "ToolCallFinished",
     "ToolCallStarted",
@@ -101,6 +105,7 @@ class TextDelta:
     invocation_id: str
     seq: int
     at: float
+    path: str = ""
     turn: int
     text: str
 
@@ -113,6 +118,7 @@ class ReasoningDelta:
     invocation_id: str
     seq: int
     at: float
+    path: str = ""
     turn: int
     text: str
 
@@ -125,6 +131,7 @@ class ToolCallStarted:
     invocation_id: str
     seq: int
     at: float
+    path: str = ""
     turn: int
     call: ToolCall
 
@@ -137,6 +144,7 @@ class ToolCallFinished:
     invocation_id: str
     seq: int
     at: float
+    path: str = ""
     turn: int
     result: ToolResult
 
@@ -149,10 +157,23 @@ class TurnFinished:
     invocation_id: str
     seq: int
     at: float
+    path: str = ""
     turn: int
     message: AssistantMessage
     usage: Usage = Usage()
     finish_reason: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class StepFinished:
+    """A workflow step (``path``) finished with ``output``; a resume skips it."""
+
+    kind: Literal["step_finished"] = "step_finished"
+    invocation_id: str
+    seq: int
+    at: float
+    path: str
+    output: str
 
 
 @attrs.frozen(kw_only=True)
@@ -195,6 +216,7 @@ Event: TypeAlias = (
     | ToolCallStarted
     | ToolCallFinished
     | TurnFinished
+    | StepFinished
     | CancelRequested
     | InvocationEnded
 )
@@ -208,6 +230,7 @@ _EVENT_TYPES: Final[dict[str, type[Any]]] = {
         ToolCallStarted,
         ToolCallFinished,
         TurnFinished,
+        StepFinished,
         CancelRequested,
         InvocationEnded,
     )

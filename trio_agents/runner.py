@@ -32,7 +32,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import AsyncExitStack, contextmanager
 from typing import Any, Final, Literal, TypeAlias, TypeVar
 
@@ -40,8 +40,7 @@ import attrs
 import trio
 
 from ._exceptions import InvocationNotFound, StoreError, UsageError
-from .agents._context import Phase, StopRequested
-from .agents.llm import Agent
+from .agents._context import AgentLike, Phase, StopRequested
 from .events import (
     CancelRequested,
     ErrorInfo,
@@ -50,6 +49,7 @@ from .events import (
     InvocationStarted,
     ReasoningDelta,
     Status,
+    StepFinished,
     TextDelta,
     ToolCallFinished,
     ToolCallStarted,
@@ -128,9 +128,11 @@ class EventStream:
 class _Context:
     """The :class:`~trio_agents.agents.RunContext` an invocation hands its agent."""
 
-    def __init__(self, inv: Invocation, journal: list[Event]) -> None:
+    def __init__(self, inv: Invocation, journal: Sequence[Event], path: str, input: str) -> None:
         self._inv = inv
         self.journal = journal
+        self.path = path
+        self.input = input
 
     @property
     def invocation_id(self) -> str:
@@ -140,15 +142,21 @@ class _Context:
     def user_id(self) -> str | None:
         return self._inv.user_id
 
-    @property
-    def input(self) -> str:
-        return self._inv.input
+    def child(self, step: str, input: str) -> _Context:
+        if not step or "/" in step:
+            raise UsageError(f"a workflow step name must be non-empty without '/', got {step!r}")
+        path = f"{self.path}/{step}" if self.path else step
+        prefix = path + "/"
+        journal = [
+            e
+            for e in self.journal
+            if (p := getattr(e, "path", None)) is not None and (p == path or p.startswith(prefix))
+        ]
+        return _Context(self._inv, journal, path, input)
 
     def set_phase(self, phase: Phase) -> None:
-        inv = self._inv
-        inv._phase = phase
         if phase == "streaming":
-            inv._partial.clear()
+            self._inv._partial.clear()
 
     def check_stop(self) -> None:
         if self._inv._mode is not None:
@@ -158,25 +166,28 @@ class _Context:
     def stream_scope(self) -> Iterator[trio.CancelScope]:
         inv = self._inv
         with trio.CancelScope() as scope:
-            inv._stream_scope = scope
+            inv._stream_scopes.add(scope)
             if inv._mode in ("after_tools", "immediate"):
                 scope.cancel()
             try:
                 yield scope
             finally:
-                inv._stream_scope = None
+                inv._stream_scopes.discard(scope)
 
     def emit_text(self, turn: int, text: str) -> None:
-        self._inv._partial.append(text)
-        self._inv._publish(self._inv._stamp(TextDelta, turn=turn, text=text))
+        inv = self._inv
+        inv._partial.append(text)
+        inv._publish(inv._stamp(TextDelta, path=self.path, turn=turn, text=text))
 
     def emit_reasoning(self, turn: int, text: str) -> None:
-        self._inv._publish(self._inv._stamp(ReasoningDelta, turn=turn, text=text))
+        inv = self._inv
+        inv._publish(inv._stamp(ReasoningDelta, path=self.path, turn=turn, text=text))
 
     async def record_turn(self, turn: int, response: ModelResponse) -> None:
         inv = self._inv
         await inv._record(
             TurnFinished,
+            path=self.path,
             turn=turn,
             message=response.message,
             usage=response.usage,
@@ -187,10 +198,21 @@ class _Context:
         inv._partial.clear()
 
     async def record_tool_started(self, turn: int, call: ToolCall) -> None:
-        await self._inv._record(ToolCallStarted, turn=turn, call=call)
+        await self._inv._record(ToolCallStarted, path=self.path, turn=turn, call=call)
 
     async def record_tool_finished(self, turn: int, result: ToolResult) -> None:
-        await self._inv._record(ToolCallFinished, turn=turn, result=result)
+        await self._inv._record(ToolCallFinished, path=self.path, turn=turn, result=result)
+
+    async def record_step_finished(self, output: str) -> None:
+        await self._inv._record(StepFinished, path=self.path, output=output)
+
+
+def _only_stops(exc: Exception) -> bool:
+    """Whether ``exc`` is a safe-point stop, alone or grouped (parallel workflow branches)."""
+    if isinstance(exc, ExceptionGroup):
+        _, rest = exc.split(StopRequested)
+        return rest is None
+    return isinstance(exc, StopRequested)
 
 
 def _leaf(exc: BaseException) -> BaseException:
@@ -208,7 +230,7 @@ class Invocation:
     def __init__(
         self,
         runner: Runner,
-        agent: Agent,
+        agent: AgentLike,
         *,
         invocation_id: str,
         input: str,
@@ -227,8 +249,7 @@ class Invocation:
         self._runner = runner
         self._token = trio.lowlevel.current_trio_token()
         self._scope = trio.CancelScope()
-        self._stream_scope: trio.CancelScope | None = None
-        self._phase: Phase = "starting"
+        self._stream_scopes: set[trio.CancelScope] = set()
         self._mode: CancelMode | None = None
         self._reason: str | None = None
         self._lease = lease
@@ -239,7 +260,7 @@ class Invocation:
         self._write_lock = trio.Lock()
         self._writing = False
         self._held: list[Event] = []
-        self._ctx = _Context(self, journal)
+        self._ctx = _Context(self, journal, "", input)
         self._partial: list[str] = []
         self._last_text = ""
         self._usage = Usage()
@@ -321,8 +342,9 @@ class Invocation:
             self._publish(self._stamp(CancelRequested, mode=mode, reason=self._reason))
         if self._mode == "immediate":
             self._scope.cancel(reason=self._reason)
-        elif self._mode == "after_tools" and self._stream_scope is not None:
-            self._stream_scope.cancel(reason=self._reason)
+        elif self._mode == "after_tools":
+            for scope in self._stream_scopes:
+                scope.cancel(reason=self._reason)
         if grace is not None and self._mode != "immediate":
             self._scope.deadline = min(self._scope.deadline, trio.current_time() + grace)
 
@@ -374,11 +396,12 @@ class Invocation:
                         self._mode = "immediate"
                 else:
                     status = "completed"
-            except StopRequested:
-                status = "cancelled"
             except Exception as exc:
-                status = "failed"
-                error = _leaf(exc)
+                if _only_stops(exc):
+                    status = "cancelled"
+                else:
+                    status = "failed"
+                    error = _leaf(exc)
         finally:
             if status is None:  # a cancel from outside the invocation: the runner is stopping
                 status = "cancelled"
@@ -485,7 +508,7 @@ class Runner:
         self,
         store: str | Store = "memory://",
         *,
-        agents: list[Agent] | tuple[Agent, ...] = (),
+        agents: Sequence[AgentLike] = (),
         owner: str | None = None,
         lease_ttl: float = 30.0,
         cleanup_timeout: float = 5.0,
@@ -493,7 +516,7 @@ class Runner:
         if lease_ttl <= 0 or cleanup_timeout <= 0:
             raise UsageError("lease_ttl and cleanup_timeout must be positive numbers of seconds")
         self._store_spec = store
-        self._agents: dict[str, Agent] = {a.name: a for a in agents}
+        self._agents: dict[str, AgentLike] = {a.name: a for a in agents}
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lease_ttl = lease_ttl
         self.cleanup_timeout = cleanup_timeout
@@ -535,7 +558,7 @@ class Runner:
 
     def start(
         self,
-        agent: Agent,
+        agent: AgentLike,
         input: str,
         *,
         user_id: str | None = None,
@@ -545,8 +568,10 @@ class Runner:
         """Start an invocation and return it at once (it runs in the runner's nursery)."""
         if self._nursery is None:
             raise UsageError("the runner is not open; use `async with Runner(...) as runner:`")
-        if not isinstance(agent, Agent):
-            raise UsageError(f"runner.start needs an Agent, got {agent!r}")
+        if not callable(getattr(agent, "run", None)) or not isinstance(
+            getattr(agent, "name", None), str
+        ):
+            raise UsageError(f"runner.start needs an Agent or a workflow, got {agent!r}")
         if not isinstance(input, str):
             raise UsageError(f"the input must be a str, got {type(input).__name__}")
         invocation_id = invocation_id or uuid.uuid4().hex
@@ -576,11 +601,11 @@ class Runner:
         if self._active.get(inv.id) is inv:
             del self._active[inv.id]
 
-    async def run(self, agent: Agent, input: str, **kwargs: Any) -> Outcome:
+    async def run(self, agent: AgentLike, input: str, **kwargs: Any) -> Outcome:
         """Start an invocation and wait for its outcome."""
         return await self.start(agent, input, **kwargs).wait()
 
-    async def resume(self, invocation_id: str, *, agent: Agent | None = None) -> Invocation:
+    async def resume(self, invocation_id: str, *, agent: AgentLike | None = None) -> Invocation:
         """Continue an invocation from its journal, under the same id, in this process.
 
         Finished turns are not re-requested and recorded tool results are not re-run.

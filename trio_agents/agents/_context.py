@@ -15,7 +15,7 @@ import trio
 from ..events import Event
 from ..messages import ModelResponse, ToolCall, ToolResult
 
-__all__ = ["Phase", "RunContext", "StopRequested"]
+__all__ = ["AgentLike", "Phase", "RunContext", "StopRequested"]
 
 Phase: TypeAlias = Literal["starting", "streaming", "tools", "between"]
 
@@ -40,8 +40,24 @@ class RunContext(Protocol):
     def input(self) -> str: ...
 
     @property
+    def path(self) -> str:
+        """Where this agent sits in a workflow: ``""`` at the top, ``"0:research"`` below."""
+        ...
+
+    @property
     def journal(self) -> Sequence[Event]:
-        """Durable events recorded before this run started (non-empty only on resume)."""
+        """Durable events of this path and below, recorded before this run started.
+
+        Non-empty only on resume.
+        """
+        ...
+
+    def child(self, step: str, input: str) -> RunContext:
+        """The context of a workflow step named ``step`` (unique among its siblings)."""
+        ...
+
+    async def record_step_finished(self, output: str) -> None:
+        """Journal that this step finished with ``output``, then publish it."""
         ...
 
     def set_phase(self, phase: Phase) -> None:
@@ -72,4 +88,15 @@ class RunContext(Protocol):
 
     async def record_tool_finished(self, turn: int, result: ToolResult) -> None:
         """Journal a tool result, then publish it."""
+        ...
+
+
+class AgentLike(Protocol):
+    """Anything a runner can run: an :class:`~trio_agents.Agent` or a workflow."""
+
+    @property
+    def name(self) -> str: ...
+
+    async def run(self, ctx: RunContext) -> str:
+        """Run or resume in ``ctx``; return the output.  Let ``trio.Cancelled`` through."""
         ...

@@ -33,9 +33,12 @@ class Transcript:
     usage: Usage = Usage()
 
     @classmethod
-    def replay(cls, user_input: str, journal: Sequence[Event]) -> Transcript:
+    def replay(cls, user_input: str, journal: Sequence[Event], path: str = "") -> Transcript:
+        """Rebuild from the journal's events of ``path`` (other steps' events are skipped)."""
         transcript = cls(messages=[UserMessage(text=user_input)])
         for event in journal:
+            if getattr(event, "path", None) != path:
+                continue
             if isinstance(event, TurnFinished):
                 transcript.close_turn()
                 transcript.add_turn(event.message, event.usage, turn=event.turn)
