@@ -29,7 +29,7 @@ def bench(session: nox.Session) -> None:
     """Speed and memory benchmarks; prints the figures the README quotes."""
     session.install("-e", ".[dev]")
     for script in ("cancel_latency", "overhead", "memory", "journal"):
-        session.run("python", f"benchmarks/{script}.py", *session.posargs)
+        session.run("python", "-m", f"benchmarks.{script}", *session.posargs)
 
 
 @nox.session

@@ -1,8 +1,40 @@
-"""trio_agents: a runtime for LLM agents built on Trio's structured concurrency."""
+"""trio_agents: a runtime for LLM agents built on Trio's structured concurrency.
+
+Every agent invocation is one structured-concurrency unit: ``invocation.cancel()`` closes the
+model's HTTP stream, cancels its tools, and ends it exactly once; what happened before the end
+is journaled and resumable in any process.
+"""
 
 from . import events as events
 from . import models as models
-from ._exceptions import *  # noqa: F403  (the error tree is public as a whole; see _exceptions)
+from . import stores as stores
+from ._exceptions import AuthenticationError as AuthenticationError
+from ._exceptions import BadRequestError as BadRequestError
+from ._exceptions import CorruptRecordError as CorruptRecordError
+from ._exceptions import InvocationNotFound as InvocationNotFound
+from ._exceptions import LeaseError as LeaseError
+from ._exceptions import MalformedStreamError as MalformedStreamError
+from ._exceptions import MaxTurnsExceeded as MaxTurnsExceeded
+from ._exceptions import ModelConnectionError as ModelConnectionError
+from ._exceptions import ModelError as ModelError
+from ._exceptions import ModelStatusError as ModelStatusError
+from ._exceptions import ModelTimeoutError as ModelTimeoutError
+from ._exceptions import NotFoundError as NotFoundError
+from ._exceptions import OverloadedError as OverloadedError
+from ._exceptions import RateLimitError as RateLimitError
+from ._exceptions import ServerError as ServerError
+from ._exceptions import SessionNotFound as SessionNotFound
+from ._exceptions import StoreError as StoreError
+from ._exceptions import StoreUnavailableError as StoreUnavailableError
+from ._exceptions import StreamBrokenError as StreamBrokenError
+from ._exceptions import StreamErrorEvent as StreamErrorEvent
+from ._exceptions import ToolError as ToolError
+from ._exceptions import TrioAgentsError as TrioAgentsError
+from ._exceptions import UsageError as UsageError
+from .agents import Agent as Agent
+from .agents import Loop as Loop
+from .agents import Parallel as Parallel
+from .agents import Sequential as Sequential
 from .messages import AssistantMessage as AssistantMessage
 from .messages import Message as Message
 from .messages import ModelRequest as ModelRequest
@@ -13,5 +45,13 @@ from .messages import ToolResultMessage as ToolResultMessage
 from .messages import ToolSpec as ToolSpec
 from .messages import Usage as Usage
 from .messages import UserMessage as UserMessage
+from .runner import CancelMode as CancelMode
+from .runner import EventStream as EventStream
+from .runner import Invocation as Invocation
+from .runner import Outcome as Outcome
+from .runner import Runner as Runner
+from .tools import Tool as Tool
+from .tools import ToolContext as ToolContext
+from .tools import tool as tool
 
 __version__ = "0.1.0.dev0"

@@ -23,6 +23,7 @@ world outside, and signals are kept apart::
     ├── MaxTurnsExceeded                   the agent loop ran out of turns
     └── StoreError                         the store could not do what was asked
         ├── InvocationNotFound (KeyError)  no invocation with that id
+        ├── SessionNotFound (KeyError)     no session with that id
         ├── CorruptRecordError             a stored record that cannot be read (or a future
         │                                  version of one)
         ├── LeaseError                     another process owns the invocation (or owned it
@@ -52,6 +53,7 @@ __all__ = [
     "OverloadedError",
     "RateLimitError",
     "ServerError",
+    "SessionNotFound",
     "StoreError",
     "StoreUnavailableError",
     "StreamBrokenError",
@@ -191,6 +193,13 @@ class InvocationNotFound(StoreError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "invocation not found"
+
+
+class SessionNotFound(StoreError, KeyError):
+    """No session with that id is known to the store."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "session not found"
 
 
 class CorruptRecordError(StoreError):

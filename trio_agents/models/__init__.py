@@ -6,5 +6,9 @@ from ._base import ReasoningChunk as ReasoningChunk
 from ._base import StreamChunk as StreamChunk
 from ._base import TextChunk as TextChunk
 from ._base import ToolCallChunk as ToolCallChunk
+from ._http import HTTPProvider as HTTPProvider
+from ._http import RetryPolicy as RetryPolicy
+from ._http import Timeouts as Timeouts
+from .openai import OpenAIChat as OpenAIChat
 from .scripted import ScriptedModel as ScriptedModel
 from .scripted import ScriptedTurn as ScriptedTurn

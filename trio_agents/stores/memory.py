@@ -1,35 +1,64 @@
 """An in-memory store: the default of a bare ``Runner()``; lost when the process exits.
 
-It follows the same contract as the durable stores (fencing, sequence checks, cancel requests)
-so tests written for one store run against all of them.
+It is the reference semantics: it follows the same contract as the durable stores (fencing,
+sequence checks, cancel requests, sessions) so tests written for one store run against all of
+them.  It owns nothing but dicts; every method is one step with no await in the middle, so a
+cancel either happens before the step (nothing changed) or not at all.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 import trio
 
-from .._exceptions import InvocationNotFound, LeaseError, StoreError, UsageError
+from .._exceptions import InvocationNotFound, SessionNotFound, StoreError, UsageError
 from ..events import Event, InvocationEnded
-from ._base import CancelRequest, InvocationRecord, InvocationStatus, Lease
+from ._base import (
+    JSON,
+    CancelRequest,
+    InvocationRecord,
+    InvocationStatus,
+    Lease,
+    Session,
+    SessionEntry,
+)
+from ._records import (
+    apply_state_delta,
+    check_json_object,
+    check_seqs,
+    lease_held,
+    lease_taken,
+    merge_cancel,
+)
 
 __all__ = ["MemoryStore"]
 
 
 class MemoryStore:
-    """Keeps everything in dicts.  ``clock`` (Unix seconds) is injectable for lease tests."""
+    """Keeps everything in dicts.  ``clock`` (Unix seconds) is injectable for lease tests.
+
+    :meth:`wait_for_cancel_requests` waits on trio time, so it runs under ``autojump_clock``.
+    """
 
     def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
         self._records: dict[str, InvocationRecord] = {}
         self._journals: dict[str, list[Event]] = {}
         self._cancels: dict[str, CancelRequest] = {}
+        self._cancel_poke = trio.Event()
+        self._sessions: dict[str, Session] = {}
 
     def __repr__(self) -> str:
         return "MemoryStore()"
+
+    async def __aenter__(self) -> MemoryStore:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
     def _get(self, invocation_id: str) -> InvocationRecord:
         try:
@@ -51,6 +80,7 @@ class MemoryStore:
             updated_at=now,
             lease_epoch=1,
             lease_expires_at=now + ttl,
+            last_seq=0,
         )
         self._records[record.id] = stored
         self._journals[record.id] = []
@@ -64,8 +94,10 @@ class MemoryStore:
         self, *, status: InvocationStatus | None = None, limit: int = 100
     ) -> list[InvocationRecord]:
         await trio.lowlevel.checkpoint()
+        if limit < 0:
+            raise UsageError(f"limit must be >= 0, got {limit}")
         records = [r for r in self._records.values() if status is None or r.status == status]
-        records.sort(key=lambda r: r.created_at, reverse=True)
+        records.sort(key=lambda r: (r.created_at, r.id), reverse=True)
         return records[:limit]
 
     async def acquire_lease(self, invocation_id: str, *, owner: str, ttl: float) -> Lease:
@@ -73,10 +105,7 @@ class MemoryStore:
         record = self._get(invocation_id)
         now = self._clock()
         if record.status == "running" and record.owner != owner and record.lease_expires_at > now:
-            raise LeaseError(
-                f"invocation {invocation_id!r} is owned by {record.owner!r} "
-                f"for another {record.lease_expires_at - now:.1f}s"
-            )
+            raise lease_held(invocation_id, record.owner, record.lease_expires_at, now)
         epoch = record.lease_epoch + 1
         self._records[invocation_id] = attrs.evolve(
             record,
@@ -92,11 +121,7 @@ class MemoryStore:
     def _check_fence(self, lease: Lease) -> InvocationRecord:
         record = self._get(lease.invocation_id)
         if record.lease_epoch != lease.epoch or record.owner != lease.owner:
-            raise LeaseError(
-                f"lease of {lease.owner!r} on invocation {lease.invocation_id!r} "
-                f"(epoch {lease.epoch}) was taken over by {record.owner!r} "
-                f"(epoch {record.lease_epoch}); the write was rejected"
-            )
+            raise lease_taken(lease, record.owner, record.lease_epoch)
         return record
 
     async def renew_lease(self, lease: Lease, *, ttl: float) -> Lease:
@@ -109,19 +134,7 @@ class MemoryStore:
     async def append_events(self, lease: Lease, events: Sequence[Event]) -> None:
         await trio.lowlevel.checkpoint()
         record = self._check_fence(lease)
-        last = record.last_seq
-        for event in events:
-            if event.invocation_id != lease.invocation_id:
-                raise StoreError(
-                    f"event of invocation {event.invocation_id!r} appended to "
-                    f"{lease.invocation_id!r}"
-                )
-            if event.seq <= last:
-                raise StoreError(
-                    f"event seq {event.seq} of invocation {lease.invocation_id!r} is not after "
-                    f"the last stored seq {last}; nothing was written"
-                )
-            last = event.seq
+        last = check_seqs(lease.invocation_id, record.last_seq, events)
         status: InvocationStatus = record.status
         owner = record.owner
         for event in events:
@@ -145,15 +158,90 @@ class MemoryStore:
         record = self._records.get(request.invocation_id)
         if record is None or record.status != "running":
             return False
-        if request.invocation_id not in self._cancels:
-            self._cancels[request.invocation_id] = attrs.evolve(
-                request, requested_at=request.requested_at or self._clock()
-            )
+        request = attrs.evolve(request, requested_at=request.requested_at or self._clock())
+        old = self._cancels.get(request.invocation_id)
+        self._cancels[request.invocation_id] = merge_cancel(old, request)
+        self._cancel_poke.set()
         return True
 
     async def cancel_requests(self, invocation_ids: Sequence[str]) -> list[CancelRequest]:
         await trio.lowlevel.checkpoint()
         return [self._cancels[i] for i in invocation_ids if i in self._cancels]
 
+    # `timeout` is the longest a caller goes without re-polling (a store that cannot be woken
+    # simply sleeps it), not a deadline to give up at: returning after it is the normal outcome.
+    async def wait_for_cancel_requests(self, *, timeout: float) -> None:  # noqa: ASYNC109
+        """Wait (trio time) until :meth:`request_cancel` is called, or ``timeout`` passes.
+
+        A request made since the previous wait returned wakes this one at once.
+        """
+        poke = self._cancel_poke
+        with trio.move_on_after(timeout):
+            await poke.wait()
+        if poke.is_set() and self._cancel_poke is poke:
+            self._cancel_poke = trio.Event()
+
+    # ---- sessions --------------------------------------------------------------------------
+
+    def _session(self, session_id: str) -> Session:
+        try:
+            return self._sessions[session_id]
+        except KeyError:
+            raise SessionNotFound(f"no session with id {session_id!r}") from None
+
+    async def create_session(
+        self,
+        session_id: str,
+        *,
+        user_id: str | None = None,
+        state: Mapping[str, JSON] | None = None,
+    ) -> Session:
+        await trio.lowlevel.checkpoint()
+        if session_id in self._sessions:
+            raise UsageError(f"a session with id {session_id!r} exists already")
+        copy = check_json_object(state or {}, "the session state")
+        now = self._clock()
+        session = Session(
+            id=session_id, user_id=user_id, state=copy, created_at=now, updated_at=now
+        )
+        self._sessions[session_id] = session
+        return _copy_session(session)
+
+    async def get_session(self, session_id: str) -> Session:
+        await trio.lowlevel.checkpoint()
+        return _copy_session(self._session(session_id))
+
+    async def append_session_entry(self, session_id: str, entry: SessionEntry) -> Session:
+        await trio.lowlevel.checkpoint()
+        session = self._session(session_id)
+        delta = check_json_object(entry.state_delta, "the entry's state_delta")
+        if entry.seq <= session.last_seq:
+            raise StoreError(
+                f"entry seq {entry.seq} of session {session_id!r} is not after the last "
+                f"stored seq {session.last_seq}; nothing was written"
+            )
+        now = self._clock()
+        stored = attrs.evolve(entry, state_delta=delta, at=entry.at or now)
+        session = attrs.evolve(
+            session,
+            state=apply_state_delta(session.state, delta),
+            entries=(*session.entries, stored),
+            updated_at=now,
+        )
+        self._sessions[session_id] = session
+        return _copy_session(session)
+
     async def aclose(self) -> None:
         await trio.lowlevel.checkpoint()
+
+
+def _copy_session(session: Session) -> Session:
+    """A copy sharing no mutable JSON with the stored one."""
+    return attrs.evolve(
+        session,
+        state=check_json_object(session.state, "the session state"),
+        entries=tuple(
+            attrs.evolve(e, state_delta=check_json_object(e.state_delta, "a state_delta"))
+            for e in session.entries
+        ),
+    )

@@ -1,0 +1,210 @@
+"""The hard-cancel contract over real HTTP: what the *model server* observed.
+
+Every test drives ``OpenAIChat`` against the fake OpenAI-compatible server on 127.0.0.1 and
+asserts on the server's own records: when it saw the client disconnect, how many chunks it wrote.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+import trio
+
+import trio_agents as ta
+from trio_agents.agents import Agent
+from trio_agents.events import ToolCallFinished, TurnFinished
+from trio_agents.messages import ToolCall
+from trio_agents.models import OpenAIChat
+from trio_agents.runner import CancelMode, Invocation, Outcome, Runner
+from trio_agents.testing import FakeServer, ResponsePlan, open_fake_openai_server, openai_stream
+
+from ._helpers import live_task_names, terminal_events
+from .test_runner import MODES, ToolProbe
+
+Responder = Callable[[Any], ResponsePlan]
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[FakeServer]:
+    async with open_fake_openai_server() as srv:
+        yield srv
+
+
+def model_for(server: FakeServer) -> OpenAIChat:
+    return OpenAIChat("fake-model", base_url=server.base_url, api_key="test-key")
+
+
+async def run_and_cancel(
+    server: FakeServer, agent: Agent, *, at: float, mode: CancelMode
+) -> tuple[Invocation, Outcome, list[Any]]:
+    async with Runner() as runner:
+        inv = runner.start(agent, "go")
+        await trio.sleep(at)
+        assert inv.cancel(mode, reason="stop")
+        with trio.fail_after(60):
+            outcome = await inv.wait()
+        # By the time wait() returns, no response is left half-sent: each one either
+        # completed or the server already saw the client disconnect.
+        for record in server.requests:
+            assert record.completed or record.disconnected_at is not None
+        events = [e async for e in inv.events()]
+        assert f"invocation {inv.id}" not in live_task_names()
+    assert len(terminal_events(events)) == 1
+    assert not runner.is_active(inv.id)
+    return inv, outcome, events
+
+
+def call(name: str, index: int = 0) -> ToolCall:
+    return ToolCall(id=f"call_{index}", name=name, arguments='{"label": "x"}')
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_http_cancel_before_first_token(
+    server: FakeServer, mode: CancelMode, autojump_clock: trio.abc.Clock
+) -> None:
+    probe = ToolProbe()
+    server.enqueue(openai_stream(["Look", "ing"], tool_calls=[call("lookup")], first_delay=10))
+    server.enqueue(openai_stream("done"))
+    async with model_for(server) as model:
+        agent = Agent(name="h", model=model, tools=[probe.slow("lookup", 10)])
+        _, outcome, _ = await run_and_cancel(server, agent, at=5, mode=mode)
+    first = server.requests[0]
+    assert outcome.status == "cancelled"
+    if mode == "after_turn":
+        assert first.completed  # the turn was allowed to finish
+        assert probe.finished == ["lookup"]
+        assert len(server.requests) == 1  # no model call after the cancel
+    else:
+        assert first.disconnected_at is not None
+        assert first.disconnected_at - first.opened_at == pytest.approx(5, abs=0.01)
+        assert first.chunks_written <= 1  # the role chunk only: no token was sent
+        assert probe.started == []
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_http_cancel_mid_stream(
+    server: FakeServer, mode: CancelMode, autojump_clock: trio.abc.Clock
+) -> None:
+    server.enqueue(openai_stream([f"w{i} " for i in range(20)], delay=1))
+    async with model_for(server) as model:
+        _, outcome, _ = await run_and_cancel(
+            server, Agent(name="h", model=model), at=5.5, mode=mode
+        )
+    record = server.requests[0]
+    if mode == "after_turn":
+        assert outcome.status == "completed"  # the turn was the final answer
+        assert outcome.cancel_requested
+        assert record.completed
+    else:
+        assert outcome.status == "cancelled"
+        assert record.disconnected_at is not None
+        assert not record.completed
+        assert outcome.output == "w0 w1 w2 w3 w4 "  # tokens at t=1..5; the cancel at 5.5
+        assert record.chunks_written == 6  # the role chunk and five tokens, of 20+ planned
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("names", [("lookup",), ("a", "b", "c")], ids=["one", "parallel"])
+async def test_http_cancel_during_tools(
+    server: FakeServer, mode: CancelMode, names: tuple[str, ...], autojump_clock: trio.abc.Clock
+) -> None:
+    probe = ToolProbe()
+    server.enqueue(openai_stream(tool_calls=[call(n, i) for i, n in enumerate(names)]))
+    server.enqueue(openai_stream("never"))
+    async with model_for(server) as model:
+        agent = Agent(name="h", model=model, tools=[probe.slow(n, 10) for n in names])
+        _, outcome, events = await run_and_cancel(server, agent, at=5, mode=mode)
+    assert outcome.status == "cancelled"
+    assert len(server.requests) == 1
+    assert sorted(probe.finally_ran) == sorted(names)
+    results = [e for e in events if isinstance(e, ToolCallFinished)]
+    if mode == "immediate":
+        assert sorted(probe.cancelled) == sorted(names)
+        assert results == []
+    else:
+        assert probe.cancelled == []
+        assert len(results) == len(names)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_http_cancel_between_turns(mode: CancelMode, autojump_clock: trio.abc.Clock) -> None:
+    holder: list[Invocation] = []
+
+    def responder(body: Any) -> ResponsePlan:
+        if body["messages"][-1]["role"] != "tool":
+            return openai_stream(tool_calls=[ToolCall(id="c", name="quick", arguments="{}")])
+        holder[0].cancel(mode, reason="between")  # the second request has just arrived
+        return openai_stream(["final ", "answer"], delay=1)
+
+    @ta.tool
+    async def quick() -> str:
+        """Answer at once."""
+        return "42"
+
+    async with (
+        open_fake_openai_server(responder=responder) as server,
+        model_for(server) as model,
+        Runner() as runner,
+    ):
+        inv = runner.start(Agent(name="h", model=model, tools=[quick]), "go")
+        holder.append(inv)
+        outcome = await inv.wait()
+        events = [e async for e in inv.events()]
+    assert len(terminal_events(events)) == 1
+    assert len(server.requests) == 2
+    second = server.requests[1]
+    if mode == "after_turn":
+        assert outcome.status == "completed"
+        assert outcome.output == "final answer"
+        assert second.completed
+    else:
+        assert outcome.status == "cancelled"
+        assert second.disconnected_at is not None
+        assert len([e for e in events if isinstance(e, TurnFinished)]) == 1
+
+
+async def test_http_cancel_after_the_end(server: FakeServer) -> None:
+    server.enqueue(openai_stream("hi"))
+    async with model_for(server) as model, Runner() as runner:
+        inv = runner.start(Agent(name="h", model=model), "go")
+        outcome = await inv.wait()
+        assert inv.cancel() is False
+    assert outcome.status == "completed"
+    assert server.requests[0].completed
+    assert server.requests[0].disconnected_at is None
+
+
+async def test_unreachable_server_fails_clearly_without_hanging() -> None:
+    """Nothing listens on the port: the run fails with a connection error naming the URL."""
+    with trio.socket.socket() as sock:  # find a port nobody listens on
+        await sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    model = OpenAIChat("m", base_url=f"http://127.0.0.1:{port}/v1", api_key="k")
+    async with model, Runner() as runner:
+        with trio.fail_after(30):
+            outcome = await runner.run(Agent(name="h", model=model), "go")
+    assert outcome.status == "failed"
+    assert outcome.error is not None
+    assert outcome.error.type == "ModelConnectionError"
+    assert f"127.0.0.1:{port}" in outcome.error.message
+
+
+async def test_cancel_during_retry_backoff_ends_at_once(
+    server: FakeServer, autojump_clock: trio.abc.Clock
+) -> None:
+    """A 429 with Retry-After: 30 puts the model in backoff; a cancel ends it immediately."""
+    from trio_agents.testing import openai_error
+
+    server.enqueue(openai_error(429, "slow down", retry_after=30))
+    async with model_for(server) as model, Runner() as runner:
+        inv = runner.start(Agent(name="h", model=model), "go")
+        await server.wait_requests(1)
+        await trio.sleep(1)
+        start = trio.current_time()
+        inv.cancel(reason="stop")
+        outcome = await inv.wait()
+    assert outcome.status == "cancelled"
+    assert trio.current_time() - start < 0.1
+    assert len(server.requests) == 1  # never retried

@@ -1,0 +1,30 @@
+"""The public names are pinned: adding or removing one is a deliberate change."""
+
+from __future__ import annotations
+
+import trio_agents as ta
+
+PUBLIC = {
+    "Agent", "AssistantMessage", "AuthenticationError", "BadRequestError", "CancelMode",
+    "CorruptRecordError", "EventStream", "Invocation", "InvocationNotFound", "LeaseError", "Loop",
+    "MalformedStreamError", "MaxTurnsExceeded", "Message", "ModelConnectionError", "ModelError",
+    "ModelRequest", "ModelResponse", "ModelStatusError", "ModelTimeoutError", "NotFoundError",
+    "Outcome", "OverloadedError", "Parallel", "RateLimitError", "Runner", "Sequential",
+    "ServerError", "SessionNotFound", "StoreError", "StoreUnavailableError", "StreamBrokenError",
+    "StreamErrorEvent", "Tool", "ToolCall", "ToolContext", "ToolError", "ToolResult",
+    "ToolResultMessage", "ToolSpec", "TrioAgentsError", "Usage", "UsageError", "UserMessage",
+    "events", "models", "stores", "tool",
+}  # fmt: skip
+
+
+def test_public_names_are_pinned() -> None:
+    exported = {name for name in vars(ta) if not name.startswith("_")}
+    exported -= {"agents", "messages", "runner", "tools"}  # submodules bound by import
+    assert exported == PUBLIC | ({"testing"} & exported)
+
+
+def test_every_error_is_in_the_tree() -> None:
+    for name in PUBLIC:
+        obj = getattr(ta, name)
+        if isinstance(obj, type) and issubclass(obj, Exception):
+            assert issubclass(obj, ta.TrioAgentsError), name

@@ -1,0 +1,941 @@
+"""One suite, every store: memory, SQLite (a real file) and PostgreSQL (a fresh schema per test).
+
+Each test runs against every store of the ``case`` fixture unless it names fewer with
+:func:`only`.  ``case.twin()`` opens a second store on the same data - another process, as far as
+the store can tell.  Lease time is a :class:`FakeClock` injected into the store, so expiry is
+tested without sleeping.  SQL stores work in real threads, so their tests use real time (short
+waits) rather than ``autojump_clock``, which would jump past a thread's work.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import socket
+import sqlite3
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import Any, cast
+
+import attrs
+import psycopg
+import pytest
+import trio
+
+from trio_agents import (
+    CorruptRecordError,
+    InvocationNotFound,
+    LeaseError,
+    SessionNotFound,
+    StoreError,
+    StoreUnavailableError,
+    UsageError,
+)
+from trio_agents import events as ev
+from trio_agents.agents import Agent
+from trio_agents.events import Event, InvocationEnded, Status, TurnFinished
+from trio_agents.messages import AssistantMessage, ToolCall, UserMessage
+from trio_agents.models import ScriptedModel
+from trio_agents.runner import Runner
+from trio_agents.stores import (
+    JSON,
+    CancelRequest,
+    InvocationRecord,
+    Lease,
+    MemoryStore,
+    PostgresStore,
+    SessionEntry,
+    SQLiteStore,
+    Store,
+    open_store,
+)
+from trio_agents.stores._records import decode_entry
+from trio_agents.stores._sql import MIGRATIONS
+from trio_agents.stores._threads import INTERRUPTER_NAME, WORKER_NAME
+
+FIXTURES = Path(__file__).parent / "fixtures" / "journal-v1"
+V1_EVENTS = (FIXTURES / "journal.jsonl").read_text(encoding="utf-8").splitlines()
+V1_ENTRIES = (FIXTURES / "session-entries.jsonl").read_text(encoding="utf-8").splitlines()
+
+
+# ---- the store fixture ----------------------------------------------------------------------
+
+
+@attrs.define
+class FakeClock:
+    """The store's clock, moved by hand."""
+
+    now: float = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@attrs.define
+class StoreCase:
+    """A store under test, its clock, and how to open another store on the same data."""
+
+    kind: str
+    store: Store
+    clock: FakeClock
+    twin: Callable[[], AbstractAsyncContextManager[Store]]
+    postgres_url: str | None = None
+
+    async def raw(self, *statements: str | tuple[str, Any]) -> list[tuple[Any, ...]]:
+        """Raw SQL (``?`` placeholders) in one transaction, past every check of the store."""
+        assert isinstance(self.store, (SQLiteStore, PostgresStore)), "SQL stores only"
+        return await self.store._execute(*statements)
+
+
+MEMORY = pytest.param("memory", id="memory")
+SQLITE = pytest.param("sqlite", id="sqlite")
+POSTGRES = pytest.param("postgres", id="postgres", marks=pytest.mark.postgres)
+
+
+def only(*kinds: Any) -> pytest.MarkDecorator:
+    """Run a test on these stores only (``MEMORY``, ``SQLITE``, ``POSTGRES``)."""
+    return pytest.mark.parametrize("store_kind", kinds, indirect=True)
+
+
+@pytest.fixture(params=[MEMORY, SQLITE, POSTGRES])
+def store_kind(request: pytest.FixtureRequest) -> str:
+    kind: str = request.param
+    return kind
+
+
+@pytest.fixture
+def postgres_target(store_kind: str, request: pytest.FixtureRequest) -> tuple[str, str] | None:
+    """(url, fresh schema) for the PostgreSQL case: skips or fails if the server is away."""
+    if store_kind != "postgres":
+        return None
+    url: str = request.getfixturevalue("postgres_url")
+    schema: str = request.getfixturevalue("postgres_schema")
+    return url, schema
+
+
+@pytest.fixture
+async def case(
+    store_kind: str, postgres_target: tuple[str, str] | None, tmp_path: Path
+) -> AsyncIterator[StoreCase]:
+    clock = FakeClock()
+    store: Store
+    twin: Callable[[], AbstractAsyncContextManager[Store]]
+    if store_kind == "memory":
+        store = MemoryStore(clock=clock)
+
+        @asynccontextmanager
+        async def same_store() -> AsyncIterator[Store]:
+            yield store
+
+        twin = same_store
+    elif store_kind == "sqlite":
+        path = tmp_path / "stores" / "agents.db"
+        store = SQLiteStore(path, clock=clock)
+        twin = lambda: SQLiteStore(path, clock=clock)  # noqa: E731
+    else:
+        assert postgres_target is not None
+        url, schema = postgres_target
+        store = PostgresStore(url, schema=schema, clock=clock)
+        twin = lambda: PostgresStore(url, schema=schema, clock=clock)  # noqa: E731
+    async with cast(AbstractAsyncContextManager[Store], store):
+        yield StoreCase(
+            kind=store_kind,
+            store=store,
+            clock=clock,
+            twin=twin,
+            postgres_url=postgres_target[0] if postgres_target else None,
+        )
+
+
+# ---- helpers ----------------------------------------------------------------------------------
+
+
+def record(invocation_id: str, owner: str | None = "a", **fields: Any) -> InvocationRecord:
+    return InvocationRecord(id=invocation_id, agent="ops", input="go", owner=owner, **fields)
+
+
+def turn(invocation_id: str, seq: int) -> Event:
+    return TurnFinished(
+        invocation_id=invocation_id,
+        seq=seq,
+        at=1000.0 + seq,
+        turn=seq,
+        message=AssistantMessage(text=f"turn {seq} «ü»"),
+    )
+
+
+def end(invocation_id: str, seq: int, status: Status = "completed") -> Event:
+    return InvocationEnded(invocation_id=invocation_id, seq=seq, at=2000.0, status=status)
+
+
+async def seqs(store: Store, invocation_id: str, after_seq: int = 0) -> list[int]:
+    return [e.seq for e in await store.load_events(invocation_id, after_seq=after_seq)]
+
+
+def store_threads() -> list[str]:
+    """Threads still running a store call (none may outlive a cancelled call)."""
+    return [t.name for t in threading.enumerate() if t.name in (WORKER_NAME, INTERRUPTER_NAME)]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+# ---- invocations ----------------------------------------------------------------------------
+
+
+async def test_create_get_and_list(case: StoreCase) -> None:
+    """Records read back as written; the list is newest first and filters by status."""
+    with trio.fail_after(10):
+        s, clock = case.store, case.clock
+        assert isinstance(s, Store)
+        lease = await s.create_invocation(record("i1", user_id="u", session_id="s"), ttl=30)
+        assert lease == Lease(invocation_id="i1", owner="a", epoch=1, expires_at=clock.now + 30)
+        assert await s.get_invocation("i1") == InvocationRecord(
+            id="i1",
+            agent="ops",
+            input="go",
+            user_id="u",
+            session_id="s",
+            status="running",
+            created_at=clock.now,
+            updated_at=clock.now,
+            owner="a",
+            lease_epoch=1,
+            lease_expires_at=clock.now + 30,
+            last_seq=0,
+        )
+        clock.advance(1)
+        lease2 = await s.create_invocation(record("i2"), ttl=30)
+        clock.advance(1)
+        await s.create_invocation(record("i3"), ttl=30)
+        await s.append_events(lease2, [end("i2", 1, "failed")])
+        assert [r.id for r in await s.list_invocations()] == ["i3", "i2", "i1"]
+        assert [r.id for r in await s.list_invocations(status="failed")] == ["i2"]
+        assert [r.id for r in await s.list_invocations(status="running")] == ["i3", "i1"]
+        assert [r.id for r in await s.list_invocations(limit=2)] == ["i3", "i2"]
+        assert await s.list_invocations(status="paused") == []
+
+
+async def test_unknown_invocation_raises_not_found(case: StoreCase) -> None:
+    """Every call about an unknown id raises InvocationNotFound (a KeyError too)."""
+    with trio.fail_after(10):
+        s = case.store
+        stale = Lease(invocation_id="nope", owner="a", epoch=1, expires_at=0)
+        with pytest.raises(InvocationNotFound, match="nope"):
+            await s.get_invocation("nope")
+        with pytest.raises(KeyError):
+            await s.load_events("nope")
+        with pytest.raises(InvocationNotFound):
+            await s.acquire_lease("nope", owner="a", ttl=30)
+        with pytest.raises(InvocationNotFound):
+            await s.renew_lease(stale, ttl=30)
+        with pytest.raises(InvocationNotFound):
+            await s.append_events(stale, [turn("nope", 1)])
+
+
+async def test_duplicate_id_is_a_usage_error(case: StoreCase) -> None:
+    """A second create with the same id fails and leaves the first record alone."""
+    with trio.fail_after(10):
+        s = case.store
+        await s.create_invocation(record("i1", owner="a"), ttl=30)
+        with pytest.raises(UsageError, match="exists already"):
+            await s.create_invocation(record("i1", owner="b"), ttl=30)
+        with pytest.raises(UsageError, match="owner"):
+            await s.create_invocation(record("i2", owner=None), ttl=30)
+        assert (await s.get_invocation("i1")).owner == "a"
+        assert [r.id for r in await s.list_invocations()] == ["i1"]
+
+
+async def test_append_and_load_in_order(case: StoreCase) -> None:
+    """Events load back equal, in seq order, from any point; last_seq follows."""
+    with trio.fail_after(10):
+        s = case.store
+        lease = await s.create_invocation(record("i1"), ttl=30)
+        written = [turn("i1", 1), turn("i1", 2), turn("i1", 5)]
+        await s.append_events(lease, written[:2])
+        await s.append_events(lease, [])
+        await s.append_events(lease, written[2:])
+        assert await s.load_events("i1") == written
+        assert await s.load_events("i1", after_seq=2) == written[2:]
+        assert await s.load_events("i1", after_seq=5) == []
+        assert (await s.get_invocation("i1")).last_seq == 5
+
+
+async def test_seq_must_grow_and_nothing_is_written(case: StoreCase) -> None:
+    """A batch with a repeated or foreign event is rejected whole; the journal is unchanged."""
+    with trio.fail_after(10):
+        s = case.store
+        lease = await s.create_invocation(record("i1"), ttl=30)
+        await s.append_events(lease, [turn("i1", 1), turn("i1", 2)])
+        with pytest.raises(StoreError, match=r"seq 2 .* not after .* 3; nothing was written"):
+            await s.append_events(lease, [turn("i1", 3), turn("i1", 2)])
+        with pytest.raises(StoreError, match="seq 1"):
+            await s.append_events(lease, [turn("i1", 1)])
+        with pytest.raises(StoreError, match="appended to 'i1'"):
+            await s.append_events(lease, [turn("other", 3)])
+        assert await seqs(s, "i1") == [1, 2]
+        assert (await s.get_invocation("i1")).last_seq == 2
+        await s.append_events(lease, [turn("i1", 3)])
+        assert await seqs(s, "i1") == [1, 2, 3]
+
+
+# ---- leases and fencing ---------------------------------------------------------------------
+
+
+async def test_live_lease_cannot_be_taken(case: StoreCase) -> None:
+    """Another owner gets LeaseError naming the holder; the holder itself may re-acquire."""
+    with trio.fail_after(10):
+        s = case.store
+        first = await s.create_invocation(record("i1", owner="a"), ttl=30)
+        case.clock.advance(29)
+        async with case.twin() as other:
+            with pytest.raises(LeaseError, match=r"owned by 'a' for another 1\.0s"):
+                await other.acquire_lease("i1", owner="b", ttl=30)
+            again = await other.acquire_lease("i1", owner="a", ttl=30)
+        assert again.epoch == 2
+        # Re-acquiring makes a new lease: the old one is fenced out like anyone else's.
+        with pytest.raises(LeaseError):
+            await s.append_events(first, [turn("i1", 1)])
+        await s.append_events(again, [turn("i1", 1)])
+
+
+async def test_takeover_after_expiry_fences_the_old_owner(case: StoreCase) -> None:
+    """After expiry a new owner takes over; the old owner's writes fail and change nothing."""
+    with trio.fail_after(10):
+        s = case.store
+        old = await s.create_invocation(record("i1", owner="a"), ttl=30)
+        await s.append_events(old, [turn("i1", 1)])
+        case.clock.advance(31)
+        async with case.twin() as other:
+            new = await other.acquire_lease("i1", owner="b", ttl=30)
+            assert (new.owner, new.epoch) == ("b", 2)
+            with pytest.raises(LeaseError, match=r"taken over by 'b' \(epoch 2\)"):
+                await s.append_events(old, [turn("i1", 2)])
+            with pytest.raises(LeaseError):
+                await s.renew_lease(old, ttl=30)
+            assert await seqs(s, "i1") == [1]
+            got = await s.get_invocation("i1")
+            assert (got.owner, got.lease_epoch, got.last_seq) == ("b", 2, 1)
+            await other.append_events(new, [turn("i1", 2)])
+        assert await seqs(s, "i1") == [1, 2]
+
+
+async def test_renew_extends_the_lease(case: StoreCase) -> None:
+    """A renewed lease keeps its epoch and holds off others until the new expiry."""
+    with trio.fail_after(10):
+        s, clock = case.store, case.clock
+        lease = await s.create_invocation(record("i1", owner="a"), ttl=30)
+        clock.advance(20)
+        renewed = await s.renew_lease(lease, ttl=30)
+        assert renewed == attrs.evolve(lease, expires_at=clock.now + 30)
+        clock.advance(20)
+        with pytest.raises(LeaseError):
+            await s.acquire_lease("i1", owner="b", ttl=30)
+        clock.advance(11)
+        assert (await s.acquire_lease("i1", owner="b", ttl=30)).epoch == 2
+
+
+async def test_concurrent_takeover_has_one_winner(case: StoreCase) -> None:
+    """Four stores race for an expired lease: exactly one wins, the rest get LeaseError."""
+    with trio.fail_after(20):
+        await case.store.create_invocation(record("i1", owner="a"), ttl=30)
+        case.clock.advance(31)
+        won: list[Lease] = []
+        lost: list[LeaseError] = []
+
+        async def contend(owner: str) -> None:
+            async with case.twin() as other:
+                try:
+                    won.append(await other.acquire_lease("i1", owner=owner, ttl=30))
+                except LeaseError as exc:
+                    lost.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            for i in range(4):
+                nursery.start_soon(contend, f"b{i}")
+        assert len(won) == 1
+        assert len(lost) == 3
+        got = await case.store.get_invocation("i1")
+        assert (got.owner, got.lease_epoch) == (won[0].owner, 2)
+
+
+async def test_ended_event_sets_status_and_releases_the_lease(case: StoreCase) -> None:
+    """`ended` in a batch sets the status, frees the lease at once, and fences its writer."""
+    with trio.fail_after(10):
+        s = case.store
+        lease = await s.create_invocation(record("i1", owner="a"), ttl=30)
+        await s.append_events(lease, [turn("i1", 1), end("i1", 2, "paused")])
+        got = await s.get_invocation("i1")
+        assert (got.status, got.owner, got.last_seq) == ("paused", None, 2)
+        with pytest.raises(LeaseError):
+            await s.append_events(lease, [turn("i1", 3)])
+        async with case.twin() as other:  # no waiting for expiry: nobody holds it
+            resumed = await other.acquire_lease("i1", owner="b", ttl=30)
+        assert resumed.epoch == 2
+        assert (await s.get_invocation("i1")).status == "running"
+
+
+# ---- cancel requests ------------------------------------------------------------------------
+
+
+async def test_cancel_requests_persist_merge_and_clear(case: StoreCase) -> None:
+    """Requests persist for other processes, only strengthen, and clear on end or takeover."""
+    with trio.fail_after(10):
+        s, clock = case.store, case.clock
+        lease = await s.create_invocation(record("i1"), ttl=30)
+        lease2 = await s.create_invocation(record("i2"), ttl=30)
+        await s.append_events(lease2, [end("i2", 1)])
+        first = CancelRequest(
+            invocation_id="i1", mode="after_turn", reason="first", requested_by="u"
+        )
+        assert await s.request_cancel(first) is True
+        assert await s.request_cancel(CancelRequest(invocation_id="nope")) is False
+        assert await s.request_cancel(CancelRequest(invocation_id="i2")) is False
+        assert await s.request_cancel(attrs.evolve(first, mode="immediate", reason="second"))
+        assert await s.request_cancel(attrs.evolve(first, mode="after_tools", reason="third"))
+        async with case.twin() as other:
+            assert await other.cancel_requests(["nope", "i2", "i1"]) == [
+                attrs.evolve(first, mode="immediate", requested_at=clock.now)
+            ]
+        assert await s.cancel_requests([]) == []
+        await s.append_events(lease, [end("i1", 1, "cancelled")])
+        assert await s.cancel_requests(["i1"]) == []
+        assert await s.request_cancel(first) is False
+
+        lease3 = await s.create_invocation(record("i3"), ttl=30)
+        assert await s.request_cancel(CancelRequest(invocation_id="i3", requested_at=5.0))
+        assert (await s.cancel_requests(["i3"]))[0].requested_at == 5.0
+        clock.advance(31)
+        await s.acquire_lease("i3", owner="b", ttl=30)  # a new owner starts with a clean slate
+        assert await s.cancel_requests(["i3"]) == []
+        assert lease3.epoch == 1
+
+
+@only(MEMORY, POSTGRES)
+async def test_wait_for_cancel_requests_wakes_on_a_request(case: StoreCase) -> None:
+    """A waiter (another process, for PostgreSQL) wakes as soon as a request is made."""
+    with trio.fail_after(10):
+        await case.store.create_invocation(record("i1"), ttl=30)
+        async with case.twin() as other:
+            await other.wait_for_cancel_requests(timeout=0)  # starts listening
+            woke_after: list[float] = []
+
+            async def waiter() -> None:
+                start = trio.current_time()
+                await other.wait_for_cancel_requests(timeout=5)
+                woke_after.append(trio.current_time() - start)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(waiter)
+                await trio.sleep(0.1)
+                assert await case.store.request_cancel(CancelRequest(invocation_id="i1"))
+            assert woke_after[0] < 2
+            assert [r.invocation_id for r in await other.cancel_requests(["i1"])] == ["i1"]
+
+
+@only(MEMORY, POSTGRES)
+async def test_a_request_between_waits_wakes_the_next_wait(case: StoreCase) -> None:
+    """A request made while nobody waits is not lost: the next wait returns at once, once."""
+    with trio.fail_after(10):
+        await case.store.create_invocation(record("i1"), ttl=30)
+        async with case.twin() as other:
+            await other.wait_for_cancel_requests(timeout=0)
+            assert await case.store.request_cancel(CancelRequest(invocation_id="i1"))
+            start = trio.current_time()
+            await other.wait_for_cancel_requests(timeout=5)
+            assert trio.current_time() - start < 2
+            start = trio.current_time()
+            await other.wait_for_cancel_requests(timeout=0.2)
+            assert trio.current_time() - start >= 0.2
+
+
+async def test_wait_for_cancel_requests_times_out_and_cancels(case: StoreCase) -> None:
+    """With no request the wait returns after `timeout`; a trio cancel ends it at once."""
+    with trio.fail_after(10):
+        start = trio.current_time()
+        await case.store.wait_for_cancel_requests(timeout=0.2)
+        assert 0.2 <= trio.current_time() - start < 0.5
+        start = trio.current_time()
+        with trio.move_on_after(0.1) as scope:
+            await case.store.wait_for_cancel_requests(timeout=30)
+        assert scope.cancelled_caught
+        assert trio.current_time() - start < 0.5
+
+
+async def test_memory_wait_runs_on_trio_time(autojump_clock: trio.abc.Clock) -> None:
+    """The memory store waits on trio's clock, so it is testable with autojump_clock."""
+    with trio.fail_after(7200):
+        store = MemoryStore()
+        await store.create_invocation(record("i1"), ttl=30)
+        start = trio.current_time()
+        await store.wait_for_cancel_requests(timeout=600)
+        assert trio.current_time() - start == pytest.approx(600)
+
+        async def request_later() -> None:
+            await trio.sleep(10)
+            await store.request_cancel(CancelRequest(invocation_id="i1"))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(request_later)
+            start = trio.current_time()
+            await store.wait_for_cancel_requests(timeout=600)
+            assert trio.current_time() - start == pytest.approx(10)
+
+
+# ---- sessions -------------------------------------------------------------------------------
+
+
+async def test_sessions_create_and_get(case: StoreCase) -> None:
+    """A session reads back as created; unknown ids, duplicates and non-JSON state are refused."""
+    with trio.fail_after(10):
+        s = case.store
+        created = await s.create_session("s1", user_id="u1", state={"lang": "en", "n": 1})
+        assert dict(created.state) == {"lang": "en", "n": 1}
+        assert (created.user_id, created.entries, created.last_seq) == ("u1", (), 0)
+        assert created.created_at == created.updated_at == case.clock.now
+        assert await s.get_session("s1") == created
+        with pytest.raises(SessionNotFound, match="nope"):
+            await s.get_session("nope")
+        with pytest.raises(KeyError):
+            await s.get_session("nope")
+        with pytest.raises(UsageError, match="exists already"):
+            await s.create_session("s1")
+        with pytest.raises(UsageError, match="not JSON"):
+            await s.create_session("s2", state={"x": object()})  # type: ignore[dict-item]
+        with pytest.raises(SessionNotFound):
+            await s.get_session("s2")
+        with pytest.raises(TypeError):
+            created.state["x"] = 1  # type: ignore[index]
+
+
+async def test_session_entries_fold_state_deltas(case: StoreCase) -> None:
+    """Entries append in order; their deltas set keys, `None` deletes one; seq must grow."""
+    with trio.fail_after(10):
+        s, clock = case.store, case.clock
+        await s.create_session("s1", state={"lang": "en", "draft": "x"})
+        clock.advance(5)
+        one = await s.append_session_entry(
+            "s1",
+            SessionEntry(
+                seq=1,
+                author="user",
+                invocation_id="i1",
+                message=UserMessage(text="hi"),
+                state_delta={"topic": "trio", "draft": None},
+            ),
+        )
+        assert dict(one.state) == {"lang": "en", "topic": "trio"}
+        assert (one.last_seq, one.entries[0].at, one.updated_at) == (1, clock.now, clock.now)
+        call = ToolCall(id="c1", name="lookup", arguments="{}")
+        message = AssistantMessage(text="hello", tool_calls=(call,))
+        nested: dict[str, JSON] = {"nested": [1, 2.5, True, None, "ü"]}
+        two = await s.append_session_entry(
+            "s1",
+            SessionEntry(
+                seq=2,
+                author="ops",
+                message=message,
+                state_delta={"topic": nested, "count": 2},
+                at=123.0,
+            ),
+        )
+        assert dict(two.state) == {"lang": "en", "topic": nested, "count": 2}
+        assert two.entries[1] == SessionEntry(
+            seq=2,
+            author="ops",
+            message=message,
+            state_delta={"topic": nested, "count": 2},
+            at=123.0,
+        )
+        five = await s.append_session_entry("s1", SessionEntry(seq=5, author="system"))
+        assert [e.seq for e in five.entries] == [1, 2, 5]
+        for bad_seq in (5, 3):
+            with pytest.raises(StoreError, match="not after the last stored seq 5"):
+                await s.append_session_entry("s1", SessionEntry(seq=bad_seq, author="x"))
+        with pytest.raises(UsageError, match="JSON cannot hold"):
+            await s.append_session_entry(
+                "s1", SessionEntry(seq=6, author="x", state_delta={"x": float("nan")})
+            )
+        with pytest.raises(SessionNotFound):
+            await s.append_session_entry("nope", SessionEntry(seq=1, author="x"))
+        async with case.twin() as other:
+            got = await other.get_session("s1")
+        assert got == five
+        cast(dict[str, list[Any]], got.state["topic"])["nested"].append("mutated")
+        assert await s.get_session("s1") == five  # what a caller holds is a copy
+
+
+# ---- the stored form: version 1 and damaged rows ------------------------------------------
+
+
+async def test_v1_journal_and_session_load(case: StoreCase) -> None:
+    """The version-1 stored form (tests/fixtures/journal-v1) still loads, in every store."""
+    with trio.fail_after(10):
+        s = case.store
+        expected = [ev.decode(line) for line in V1_EVENTS]
+        entries = [
+            decode_entry(line, session_id="s-v1", seq=i) for i, line in enumerate(V1_ENTRIES, 1)
+        ]
+        lease = await s.create_invocation(record("inv-v1"), ttl=30)
+        await s.create_session("s-v1", user_id="u1", state={"lang": "en"})
+        if case.kind == "memory":
+            await s.append_events(lease, expected)
+            for entry in entries:
+                await s.append_session_entry("s-v1", entry)
+        else:  # the rows exactly as version 1 stored them
+            await case.raw(
+                *[
+                    (
+                        "INSERT INTO events (invocation_id, seq, kind, data) VALUES (?, ?, ?, ?)",
+                        ("inv-v1", e.seq, e.kind, line),
+                    )
+                    for e, line in zip(expected, V1_EVENTS, strict=True)
+                ],
+                *[
+                    (
+                        "INSERT INTO session_entries (session_id, seq, data) VALUES (?, ?, ?)",
+                        ("s-v1", i, line),
+                    )
+                    for i, line in enumerate(V1_ENTRIES, 1)
+                ],
+                "UPDATE invocations SET last_seq = 7, status = 'completed', owner = NULL",
+                "UPDATE sessions SET last_seq = 2,"
+                ' state = \'{"lang":"en","topic":"trio","answered":true}\'',
+            )
+            rows = await case.raw("SELECT data FROM events ORDER BY seq")
+            assert [row[0] for row in rows] == V1_EVENTS
+        assert await s.load_events("inv-v1") == expected
+        assert [e.kind for e in expected] == [
+            "started",
+            "turn_finished",
+            "tool_call_started",
+            "tool_call_finished",
+            "turn_finished",
+            "cancel_requested",
+            "ended",
+        ]
+        session = await s.get_session("s-v1")
+        assert dict(session.state) == {"lang": "en", "topic": "trio", "answered": True}
+        assert session.entries == tuple(entries)
+        got = await s.get_invocation("inv-v1")
+        assert (got.status, got.owner, got.last_seq) == ("completed", None, 7)
+        resumed = await s.acquire_lease("inv-v1", owner="b", ttl=30)  # and the journal goes on
+        await s.append_events(resumed, [turn("inv-v1", 8)])
+        assert await seqs(s, "inv-v1", after_seq=6) == [7, 8]
+        assert lease.epoch == 1
+
+
+async def test_v1_sqlite_file_opens_and_reads(tmp_path: Path) -> None:
+    """A SQLite file written by version 1 opens, reads whole, and takes new writes."""
+    with trio.fail_after(10):
+        original = FIXTURES / "journal.db"
+        digest = hashlib.sha256(original.read_bytes()).hexdigest()
+        copy = tmp_path / "old.db"
+        shutil.copyfile(original, copy)
+        async with SQLiteStore(copy, clock=FakeClock()) as s:
+            got = await s.get_invocation("inv-v1")
+            assert (got.status, got.owner, got.last_seq, got.session_id) == (
+                "completed",
+                None,
+                7,
+                "s-v1",
+            )
+            assert await s.load_events("inv-v1") == [ev.decode(line) for line in V1_EVENTS]
+            rows = await s._execute("SELECT data FROM events ORDER BY seq")
+            assert [row[0] for row in rows] == V1_EVENTS
+            session = await s.get_session("s-v1")
+            assert dict(session.state) == {"lang": "en", "topic": "trio", "answered": True}
+            assert [e.author for e in session.entries] == ["user", "ops"]
+            assert await s._execute("SELECT version FROM schema_version") == [(len(MIGRATIONS),)]
+            lease = await s.acquire_lease("inv-v1", owner="new", ttl=30)
+            assert lease.epoch == 2
+            await s.append_events(lease, [turn("inv-v1", 8)])
+            assert await seqs(s, "inv-v1", after_seq=6) == [7, 8]
+        assert hashlib.sha256(original.read_bytes()).hexdigest() == digest
+
+
+@only(SQLITE, POSTGRES)
+async def test_corrupt_and_future_rows_name_the_record(case: StoreCase) -> None:
+    """Unreadable rows raise CorruptRecordError naming invocation and seq; the rest still work."""
+    with trio.fail_after(10):
+        s = case.store
+        lease = await s.create_invocation(record("i1"), ttl=30)
+        await s.append_events(lease, [turn("i1", seq) for seq in (1, 2, 3, 4)])
+        future = json.loads(ev.encode(turn("i1", 3)))
+        future["v"] = 2
+        await case.raw(
+            ("UPDATE events SET data = ? WHERE seq = ?", ("{not json", 2)),
+            ("UPDATE events SET data = ? WHERE seq = ?", (json.dumps(future), 3)),
+            ("UPDATE events SET data = ? WHERE seq = ?", (ev.encode(turn("i1", 9)), 4)),
+        )
+        with pytest.raises(CorruptRecordError, match=r"event 2 of invocation 'i1'.*not valid JSON"):
+            await s.load_events("i1")
+        with pytest.raises(CorruptRecordError, match=r"event 3 of invocation 'i1'.*newer"):
+            await s.load_events("i1", after_seq=2)
+        with pytest.raises(CorruptRecordError, match=r"event 4 .* says it is event 9"):
+            await s.load_events("i1", after_seq=3)
+        await s.append_events(lease, [turn("i1", 5)])  # appends still work
+        assert await s.load_events("i1", after_seq=4) == [turn("i1", 5)]
+        assert (await s.get_invocation("i1")).last_seq == 5
+        rows = await case.raw("SELECT data FROM events WHERE seq = 1")
+        assert rows == [(ev.encode(turn("i1", 1)),)]  # the good rows are untouched
+
+        await s.create_session("s1")
+        await s.append_session_entry("s1", SessionEntry(seq=1, author="user"))
+        await case.raw("UPDATE session_entries SET data = '{\"v\": 7}' WHERE seq = 1")
+        with pytest.raises(CorruptRecordError, match=r"entry 1 of session 's1'.*newer"):
+            await s.get_session("s1")
+        await case.raw("UPDATE sessions SET state = '[1, 2]'")
+        with pytest.raises(CorruptRecordError, match="state of session 's1'"):
+            await s.get_session("s1")
+
+
+@only(SQLITE, POSTGRES)
+async def test_schema_is_versioned_and_a_newer_one_refused(case: StoreCase) -> None:
+    """The store records its schema version; a database from a newer release is refused."""
+    with trio.fail_after(10):
+        assert await case.raw("SELECT version FROM schema_version") == [(len(MIGRATIONS),)]
+        async with case.twin():  # opening again migrates nothing and succeeds
+            pass
+        await case.raw("UPDATE schema_version SET version = 99")
+        with pytest.raises(StoreError, match="schema is version 99, newer"):
+            async with case.twin():
+                pass
+
+
+# ---- store down, bad paths, bad URLs --------------------------------------------------------
+
+
+async def test_postgres_on_a_closed_port_is_unavailable_quickly() -> None:
+    """No server: StoreUnavailableError naming host and port, at once - never a hang."""
+    port = free_port()
+    start = trio.current_time()
+    with trio.fail_after(10):
+        with pytest.raises(
+            StoreUnavailableError, match=rf"127\.0\.0\.1:{port}.*PostgreSQL running"
+        ):
+            async with open_store(f"postgresql://postgres@127.0.0.1:{port}/test"):
+                pass
+    assert trio.current_time() - start < 3
+
+
+async def test_sqlite_in_an_unwritable_place_is_a_clear_error(tmp_path: Path) -> None:
+    """A path under a regular file, or a directory as the file: StoreUnavailableError naming it."""
+    with trio.fail_after(10):
+        blocker = tmp_path / "a-file"
+        blocker.write_text("not a directory")
+        with pytest.raises(StoreUnavailableError, match="cannot create the directory") as info:
+            async with open_store(f"sqlite:///{blocker / 'sub' / 'agents.db'}"):
+                pass
+        assert str(blocker) in str(info.value)
+        with pytest.raises(StoreUnavailableError, match=f"cannot open .*{tmp_path.name}"):
+            await SQLiteStore(tmp_path).open()
+
+
+async def test_open_store_dispatches_every_scheme(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """memory://, sqlite:/// (relative and absolute) and store objects open as documented."""
+    with trio.fail_after(10):
+        monkeypatch.chdir(tmp_path)
+        async with open_store("memory://") as store:
+            assert isinstance(store, MemoryStore)
+        async with open_store("sqlite:///rel/agents.db") as store:
+            assert isinstance(store, SQLiteStore)
+            assert store.path == Path("rel/agents.db")
+            await store.create_invocation(record("i1"), ttl=30)
+        assert (tmp_path / "rel" / "agents.db").is_file()
+        absolute = tmp_path / "abs" / "agents.db"
+        async with open_store(f"sqlite:///{absolute}") as store:
+            assert isinstance(store, SQLiteStore)
+            assert store.path == absolute
+        mine = MemoryStore()
+        async with open_store(mine) as store:
+            assert store is mine
+
+
+@pytest.mark.postgres
+async def test_open_store_postgres_url_with_schema(postgres_url: str, postgres_schema: str) -> None:
+    """postgresql:// and postgres:// URLs open; `?schema=` puts the tables in that schema."""
+    with trio.fail_after(10):
+        other = postgres_url.replace("postgresql://", "postgres://", 1)
+        async with open_store(f"{other}?schema={postgres_schema}") as store:
+            assert isinstance(store, PostgresStore)
+            assert store.schema == postgres_schema
+            await store.create_invocation(record("i1"), ttl=30)
+            rows = await store._execute(
+                (
+                    "SELECT count(*) FROM information_schema.tables WHERE table_schema = ?",
+                    (postgres_schema,),
+                )
+            )
+            assert rows[0][0] == 6
+
+
+@pytest.mark.parametrize(
+    ("url", "match"),
+    [
+        ("agents.db", "has no scheme"),
+        ("redis://localhost", "unknown store URL scheme 'redis'"),
+        ("memory://x", "takes nothing after memory://"),
+        ("sqlite://", "names no database file"),
+        ("sqlite:///", "names no database file"),
+        ("sqlite://host/agents.db", "names a host"),
+        ("sqlite:///agents.db?mode=ro", "has a query"),
+        ("postgresql://u@h/db?schema=a&schema=b", "give \\?schema= once"),
+        ("postgresql://u@h/db?nonsense=1", "cannot parse the PostgreSQL URL"),
+        ("postgresql://[bad", "cannot parse the PostgreSQL URL"),
+    ],
+)
+async def test_bad_store_urls_are_usage_errors(url: str, match: str) -> None:
+    """A malformed or unknown URL is a UsageError that says what is wrong."""
+    with trio.fail_after(10), pytest.raises(UsageError, match=match):
+        async with open_store(url):
+            pass
+
+
+@pytest.mark.postgres
+async def test_postgres_uses_the_server_clock_by_default(
+    postgres_url: str, postgres_schema: str
+) -> None:
+    """Without `clock=`, lease times come from the database server's clock (one for all hosts)."""
+    with trio.fail_after(10):
+        async with PostgresStore(postgres_url, schema=postgres_schema) as store:
+            lease = await store.create_invocation(record("i1"), ttl=30)
+            got = await store.get_invocation("i1")
+        assert abs(got.created_at - time.time()) < 60
+        assert lease.expires_at == pytest.approx(got.created_at + 30)
+
+
+# ---- cancel: the query stops and rolls back -------------------------------------------------
+
+
+@only(POSTGRES)
+async def test_cancelled_postgres_query_stops_and_rolls_back(case: StoreCase) -> None:
+    """A trio cancel cancels the running query server-side and rolls its transaction back."""
+    with trio.fail_after(10):
+        start = trio.current_time()
+        with trio.move_on_after(0.3) as scope:
+            await case.raw(
+                "INSERT INTO sessions (id, state, created_at, updated_at, last_seq)"
+                " VALUES ('ghost', '{}', 0, 0, 0)",
+                "SELECT pg_sleep(30)",
+            )
+        assert scope.cancelled_caught
+        assert trio.current_time() - start < 2
+        assert store_threads() == []
+        with pytest.raises(SessionNotFound):
+            await case.store.get_session("ghost")
+        running = await case.raw(
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%pg_sleep(30)%'"
+            " AND state = 'active' AND pid <> pg_backend_pid()"
+        )
+        assert running == [(0,)]
+        await case.store.create_session("real")  # the pool and its connections are fine
+
+
+@only(POSTGRES)
+async def test_cancel_while_waiting_for_a_row_lock_writes_nothing(case: StoreCase) -> None:
+    """An append blocked on another connection's row lock ends on cancel and never lands later."""
+    with trio.fail_after(10):
+        s = case.store
+        assert isinstance(s, PostgresStore)
+        assert case.postgres_url is not None
+        lease = await s.create_invocation(record("i1"), ttl=30)
+        await s.append_events(lease, [turn("i1", 1)])
+        url = case.postgres_url
+        locker = await trio.to_thread.run_sync(lambda: psycopg.connect(url))
+        try:
+            await trio.to_thread.run_sync(
+                locker.execute,
+                f'SELECT * FROM "{s.schema}".invocations WHERE id = %s FOR UPDATE',
+                ("i1",),
+            )
+            start = trio.current_time()
+            with trio.move_on_after(0.3) as scope:
+                await s.append_events(lease, [turn("i1", 2)])
+            assert scope.cancelled_caught
+            assert trio.current_time() - start < 2
+            assert store_threads() == []
+        finally:
+            await trio.to_thread.run_sync(locker.rollback)
+            await trio.to_thread.run_sync(locker.close)
+        await trio.sleep(0.3)  # a query still queued behind the lock would land now
+        assert await seqs(s, "i1") == [1]
+        await s.append_events(lease, [turn("i1", 2)])
+        assert await seqs(s, "i1") == [1, 2]
+
+
+@only(SQLITE)
+async def test_cancelled_sqlite_call_is_interrupted(case: StoreCase, tmp_path: Path) -> None:
+    """A long statement, or a wait for another process's lock, ends promptly on cancel."""
+    with trio.fail_after(10):
+        s = case.store
+        assert isinstance(s, SQLiteStore)
+        lease = await s.create_invocation(record("i1"), ttl=30)
+        start = trio.current_time()
+        with trio.move_on_after(0.3) as scope:
+            await case.raw(
+                "WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n)"
+                " SELECT count(*) FROM n"
+            )
+        assert scope.cancelled_caught
+        assert trio.current_time() - start < 2
+        assert store_threads() == []
+
+        other = sqlite3.connect(s.path, isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+            start = trio.current_time()
+            with trio.move_on_after(0.3) as scope:
+                await s.append_events(lease, [turn("i1", 1)])
+            assert scope.cancelled_caught
+            assert trio.current_time() - start < 2
+            assert store_threads() == []
+            impatient = SQLiteStore(s.path, busy_timeout=0.2)
+            with pytest.raises(StoreUnavailableError, match="stayed locked"):
+                await impatient.get_invocation("i1")
+            await impatient.aclose()
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        assert await seqs(s, "i1") == []
+        await s.append_events(lease, [turn("i1", 1)])
+        assert await seqs(s, "i1") == [1]
+
+
+# ---- the runner on every store --------------------------------------------------------------
+
+
+async def test_runner_journals_into_every_store(case: StoreCase) -> None:
+    """A Runner on this store completes an invocation and leaves its journal there."""
+    with trio.fail_after(10):
+        async with Runner(store=case.store) as runner:
+            outcome = await runner.run(Agent(name="a", model=ScriptedModel(["hello"])), "hi")
+        assert outcome.status == "completed"
+        async with case.twin() as other:
+            kinds = [e.kind for e in await other.load_events(outcome.invocation_id)]
+            got = await other.get_invocation(outcome.invocation_id)
+        assert kinds[0] == "started"
+        assert kinds[-1] == "ended"
+        assert (got.status, got.owner) == ("completed", None)
+
+
+def test_fixture_files_are_the_first_version() -> None:
+    """The v1 fixture holds what its README says (guards against regenerating it)."""
+    assert len(V1_EVENTS) == 7
+    assert len(V1_ENTRIES) == 2
+    assert all(json.loads(line)["v"] == 1 for line in [*V1_EVENTS, *V1_ENTRIES])
+    assert not any("path" in json.loads(line) for line in V1_EVENTS)
+    assert not (FIXTURES / "journal.db-wal").exists()

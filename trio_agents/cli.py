@@ -1,0 +1,99 @@
+"""The ``trio-agents`` command.
+
+``trio-agents demo``                      the offline demo (no API key, no network)
+``trio-agents run module:agent "prompt"`` run an agent against a real endpoint; Ctrl-C cancels
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import signal
+import sys
+from pathlib import Path
+
+import trio
+from rich.console import Console
+
+from ._exceptions import TrioAgentsError, UsageError
+from .agents import AgentLike
+from .events import TextDelta, ToolCallFinished, ToolCallStarted
+from .runner import Outcome, Runner
+
+__all__ = ["main"]
+
+DEFAULT_STORE = "sqlite:///.trio_agents/agents.db"
+
+
+def _load_agent(spec: str) -> AgentLike:
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise UsageError(f"expected module:agent (e.g. examples.weather:agent), got {spec!r}")
+    sys.path.insert(0, str(Path.cwd()))
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UsageError(f"cannot import module {module_name!r}: {exc}") from exc
+    agent = getattr(module, attr, None)
+    if agent is None or not callable(getattr(agent, "run", None)):
+        raise UsageError(f"{module_name!r} has no agent named {attr!r}")
+    return agent  # type: ignore[no-any-return]
+
+
+async def _run(console: Console, agent: AgentLike, prompt: str, store: str) -> Outcome:
+    async with Runner(store=store) as runner:
+        inv = runner.start(agent, prompt)
+        async with trio.open_nursery() as nursery:
+
+            async def on_ctrl_c() -> None:
+                with trio.open_signal_receiver(signal.SIGINT) as signals:
+                    async for _ in signals:
+                        inv.cancel(reason="interrupted (Ctrl-C)")
+
+            nursery.start_soon(on_ctrl_c)
+            async for event in inv.events():
+                if isinstance(event, TextDelta):
+                    console.print(event.text, end="", markup=False, highlight=False)
+                elif isinstance(event, ToolCallStarted):
+                    console.print(f"\n[yellow]→ {event.call.name}({event.call.arguments})[/]")
+                elif isinstance(event, ToolCallFinished):
+                    console.print(f"[yellow]← {event.result.content[:200]}[/]")
+            outcome = await inv.wait()
+            nursery.cancel_scope.cancel()
+    console.print()
+    color = {"completed": "green", "cancelled": "magenta"}.get(outcome.status, "red")
+    console.print(f"[{color}]{outcome.status}[/] invocation {outcome.invocation_id}")
+    if outcome.reason:
+        console.print(f"reason: {outcome.reason}")
+    if outcome.status != "completed" and outcome.status != "failed":
+        console.print(f"resume with the store {store} and runner.resume({outcome.invocation_id!r})")
+    return outcome
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="trio-agents", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="the offline demo (fake model server on 127.0.0.1)")
+    demo.add_argument("--store", default="memory://", help="store URL (default memory://)")
+    run = sub.add_parser("run", help="run module:agent on a prompt; Ctrl-C cancels")
+    run.add_argument("agent", help="module:attribute of an Agent (or workflow)")
+    run.add_argument("prompt")
+    run.add_argument("--store", default=DEFAULT_STORE, help=f"store URL (default {DEFAULT_STORE})")
+    args = parser.parse_args(argv)
+    console = Console(highlight=False)
+    try:
+        if args.command == "demo":
+            from ._demo import run_demo
+
+            outcome = trio.run(lambda: run_demo(console, store=args.store))
+            return 0 if outcome.status == "cancelled" else 1
+        agent = _load_agent(args.agent)
+        outcome = trio.run(_run, console, agent, args.prompt, args.store)
+    except TrioAgentsError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 2
+    return {"completed": 0, "cancelled": 130}.get(outcome.status, 1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

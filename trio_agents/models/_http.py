@@ -1,0 +1,724 @@
+"""HTTP for model adapters: provider config, the one httpx2 error boundary, retries, SSE.
+
+This is the only module of trio_agents that imports ``httpx2``.  It owns:
+
+- :class:`HTTPProvider` - *where and how* to reach a model server (base URL, API key, headers,
+  :class:`Timeouts`, :class:`RetryPolicy`, an optional injected ``httpx2.AsyncClient``), kept
+  apart from the *wire format*, which a model class (``OpenAIChat``, ...) knows.
+- :class:`HTTPSession` - sends streamed requests for one provider; owns a lazily created client
+  unless one was injected.  :meth:`HTTPSession.stream_sse` is the generic streamed turn: POST,
+  map error statuses (retrying what may succeed), then yield an :class:`SSEStream`.
+- the error boundary: :func:`transport_error` and :func:`status_error` turn httpx2 exceptions
+  and HTTP error statuses into :class:`~trio_agents.ModelError` subclasses.
+- :class:`SSEDecoder` - a push decoder from bytes to :class:`ServerSentEvent` records.
+
+Cancellation: nothing here catches ``trio.Cancelled``.  A cancel during a backoff sleep ends it at
+once; a cancel while the stream is open closes the response (httpcore closes the socket under a
+shield), so the server sees the disconnect.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import json
+import logging
+import math
+import random
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any, Final, Protocol, TypeAlias
+
+import attrs
+import httpx2
+import trio
+
+# Private httpx2 API, used here only: httpx2's bundled port of httpx-sse's incremental parser.
+# ``httpx_sse`` itself cannot be imported without ``httpx``, which we do not install.  If httpx2
+# moves or changes it, :class:`SSEDecoder` is the one place to fix.
+from httpx2._sse import _SSEParser
+
+from .._exceptions import (
+    AuthenticationError,
+    BadRequestError,
+    MalformedStreamError,
+    ModelConnectionError,
+    ModelError,
+    ModelStatusError,
+    ModelTimeoutError,
+    NotFoundError,
+    OverloadedError,
+    RateLimitError,
+    ServerError,
+    StreamBrokenError,
+    StreamErrorEvent,
+    UsageError,
+)
+from ..messages import ModelResponse
+from ._base import StreamChunk
+
+__all__ = [
+    "HTTPClient",
+    "HTTPProvider",
+    "HTTPSession",
+    "RetryPolicy",
+    "SSEDecoder",
+    "SSEStream",
+    "ServerSentEvent",
+    "StreamParser",
+    "Timeouts",
+    "parse_retry_after",
+    "provider_error_details",
+    "status_error",
+    "transport_error",
+]
+
+logger = logging.getLogger("trio_agents.models")
+
+#: The client type a provider may be given (models name it through this alias, so that this
+#: module stays the only one importing httpx2).
+HTTPClient: TypeAlias = httpx2.AsyncClient
+
+#: The most of an error body we read (the provider's message is near the start).
+ERROR_BODY_LIMIT: Final = 64 * 1024
+#: The most of an error body an exception keeps, for logs.
+_BODY_KEPT: Final = 2000
+#: The longest SSE event we accept before calling the stream malformed.
+MAX_EVENT_BYTES: Final = 4 * 1024 * 1024
+#: After the protocol's terminator, how long we read on to reach the end of the body (so the
+#: connection can go back to the pool).  A server that holds the body open costs only this.
+_DRAIN_SECONDS: Final = 2.0
+#: Deadline of the shielded cleanup that closes a response.  Closing releases local resources
+#: only (it never waits on the server), so this is a safety net, not a wait.
+_CLOSE_SECONDS: Final = 1.0
+
+
+@attrs.frozen(kw_only=True)
+class Timeouts:
+    """Timeouts for one model server, in seconds (``None``: no limit).
+
+    Attributes:
+        connect: to open the TCP (and TLS) connection.
+        read: the longest silence between two reads, waiting for the headers or a stream chunk;
+            a stalled stream fails with :class:`~trio_agents.ModelTimeoutError` after this.
+        write: to send the request.
+        pool: to wait for a free connection from the pool.
+        turn: the whole streamed turn, first attempt to last byte, retries and backoff included
+            (a ``trio.move_on_after`` around the turn).
+    """
+
+    connect: float | None = 10.0
+    read: float | None = 120.0
+    write: float | None = 30.0
+    pool: float | None = 60.0
+    turn: float | None = 900.0
+
+
+@attrs.frozen(kw_only=True)
+class RetryPolicy:
+    """Retries of a request that failed *before* its stream began.
+
+    Retried: connection failures and errors whose ``retryable`` is true (429, 5xx, 529, connect
+    and header timeouts).  Never retried: anything after the first byte of a 2xx response, and a
+    cancel.  The backoff is exponential with full jitter (a uniform draw from
+    ``[0, min(max_backoff, initial_backoff * 2**retry)]``) unless the server said how long to
+    wait (``Retry-After`` / ``retry-after-ms``), which is honoured up to ``max_retry_after``.
+
+    ``rng`` is the source of the jitter; pass ``random.Random(seed)`` for deterministic tests.
+    """
+
+    max_retries: int = attrs.field(default=2, validator=attrs.validators.ge(0))
+    initial_backoff: float = 0.5
+    max_backoff: float = 8.0
+    max_retry_after: float = 60.0
+    rng: random.Random = attrs.field(factory=random.Random, eq=False, repr=False)
+
+    def backoff(self, retry: int, retry_after: float | None = None) -> float:
+        """Seconds to wait before retry number ``retry`` (0 for the first retry)."""
+        if retry_after is not None:
+            return min(max(retry_after, 0.0), self.max_retry_after)
+        ceiling = min(self.max_backoff, self.initial_backoff * 2.0**retry)
+        return self.rng.uniform(0.0, ceiling)
+
+
+def _check_base_url(instance: object, attribute: object, value: str) -> None:
+    if not value.startswith(("http://", "https://")):
+        raise UsageError(f"base_url must start with http:// or https://, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class HTTPProvider:
+    """Where and how to reach one model server; the wire format is the model class's business.
+
+    Attributes:
+        base_url: e.g. ``https://api.openai.com/v1``; request paths are appended to it.
+        api_key: the credential; the model class decides which header carries it.
+        headers: extra headers sent with every request (they win over the defaults).
+        timeout: see :class:`Timeouts`.
+        retry: see :class:`RetryPolicy`.
+        http_client: an ``httpx2.AsyncClient`` to use (its transport, limits and proxies; our
+            :class:`Timeouts` still apply per request).  An injected client belongs to the
+            caller and is never closed by us; without one, the :class:`HTTPSession` makes and
+            owns one.
+        max_connections: connection limit of a client we make ourselves (``None``: no limit).
+    """
+
+    base_url: str = attrs.field(validator=_check_base_url)
+    api_key: str | None = attrs.field(default=None, repr=False)
+    headers: Mapping[str, str] = attrs.field(factory=dict)
+    timeout: Timeouts = Timeouts()
+    retry: RetryPolicy = attrs.field(factory=RetryPolicy)
+    http_client: httpx2.AsyncClient | None = attrs.field(default=None, eq=False, repr=False)
+    max_connections: int | None = 1000
+
+    def url(self, path: str) -> str:
+        """``base_url`` joined with ``path`` by exactly one slash."""
+        return f"{self.base_url.rstrip('/')}/{path.lstrip('/')}"
+
+
+# --- the error boundary -------------------------------------------------------------------------
+
+
+def request_id_of(headers: Mapping[str, str]) -> str | None:
+    """The server's request id header (OpenAI ``x-request-id``, Anthropic ``request-id``)."""
+    return headers.get("x-request-id") or headers.get("request-id") or None
+
+
+def parse_retry_after(headers: Mapping[str, str], *, now: datetime | None = None) -> float | None:
+    """Seconds the server asked us to wait: ``retry-after-ms``, else ``Retry-After`` (seconds
+    or an HTTP date, compared with ``now``, default the wall clock).  ``None`` if absent or
+    unreadable; never negative."""
+    milliseconds = headers.get("retry-after-ms")
+    if milliseconds:
+        with contextlib.suppress(ValueError):
+            value = float(milliseconds) / 1000.0
+            if math.isfinite(value):
+                return max(value, 0.0)
+    text = headers.get("retry-after")
+    if not text:
+        return None
+    with contextlib.suppress(ValueError):
+        value = float(text)
+        return max(value, 0.0) if math.isfinite(value) else None
+    try:
+        when = parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max((when - (now or datetime.now(UTC))).total_seconds(), 0.0)
+
+
+def provider_error_details(data: object) -> tuple[str | None, str | None]:
+    """``(message, code)`` from a provider's error JSON, already parsed.
+
+    Understands ``{"error": {"message", "code" | "type"}}`` (OpenAI, Anthropic, Groq,
+    OpenRouter), ``{"error": "text"}`` and ``{"message" | "detail": ...}`` (vLLM, proxies).
+    """
+    if not isinstance(data, dict):
+        return None, None
+    error = data.get("error")
+    if isinstance(error, dict):
+        message, code = error.get("message"), error.get("code") or error.get("type")
+    elif isinstance(error, str):
+        message, code = error, data.get("code") or data.get("type")
+    else:
+        message, code = data.get("message") or data.get("detail"), data.get("code")
+    return (
+        message if isinstance(message, str) and message else None,
+        str(code) if isinstance(code, str | int) and not isinstance(code, bool) else None,
+    )
+
+
+_STATUS_CLASSES: Final[dict[int, type[ModelStatusError]]] = {
+    400: BadRequestError,
+    401: AuthenticationError,
+    403: AuthenticationError,
+    404: NotFoundError,
+    422: BadRequestError,
+    429: RateLimitError,
+    503: OverloadedError,
+    529: OverloadedError,
+}
+
+
+def status_error(
+    status_code: int,
+    *,
+    headers: Mapping[str, str],
+    body: bytes,
+    provider: str,
+    url: str,
+    reason: str = "",
+) -> ModelStatusError:
+    """The :class:`~trio_agents.ModelStatusError` subclass for an HTTP error status.
+
+    ``.message`` is the provider's own message when the body has one; ``.code``, the request id,
+    ``retry_after`` and a prefix of the body are kept.  ``x-should-retry: true|false`` (OpenAI)
+    overrides whether the error is retryable.
+    """
+    text = body.decode("utf-8", errors="replace")
+    try:
+        message, code = provider_error_details(json.loads(text))
+    except ValueError:
+        message, code = None, None
+    if status_code in _STATUS_CLASSES:
+        cls = _STATUS_CLASSES[status_code]
+    else:
+        cls = ServerError if 500 <= status_code <= 599 else ModelStatusError
+    if message is None:
+        message = f"HTTP {status_code}{f' {reason}' if reason else ''} from {url}"
+    error = cls(
+        message,
+        provider=provider,
+        status_code=status_code,
+        request_id=request_id_of(headers),
+        retry_after=parse_retry_after(headers),
+        body=text[:_BODY_KEPT],
+        code=code,
+    )
+    should_retry = headers.get("x-should-retry", "").lower()
+    if should_retry in ("true", "false"):
+        error.retryable = should_retry == "true"
+    return error
+
+
+def _connect_detail(exc: BaseException) -> str:
+    """A short reason for a failed connect ("connection refused"), found in the cause chain."""
+    stack: list[BaseException] = [exc]
+    seen: set[int] = set()
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(current, BaseExceptionGroup):
+            stack.extend(current.exceptions)
+        stack.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+    return str(exc) or type(exc).__name__
+
+
+def transport_error(
+    exc: httpx2.HTTPError,
+    *,
+    provider: str,
+    url: str,
+    began: bool,
+    timeouts: Timeouts,
+    request_id: str | None = None,
+) -> ModelError:
+    """Our error for an httpx2 exception; callers ``raise transport_error(...) from exc``.
+
+    ``began`` says whether a 2xx response had started: before, failures are connection
+    (retryable) or timeout errors; after, a stall is :class:`ModelTimeoutError` and anything else
+    :class:`StreamBrokenError` (never retried: part of the turn was already delivered).
+    """
+    detail = str(exc) or type(exc).__name__
+    kw: dict[str, Any] = {"provider": provider, "request_id": request_id}
+    if isinstance(exc, httpx2.ReadTimeout):
+        if began:
+            return ModelTimeoutError(
+                f"the stream from {url} stalled: no data for {timeouts.read}s", **kw
+            )
+        return ModelTimeoutError(f"{url} sent no response within {timeouts.read}s", **kw)
+    if isinstance(exc, httpx2.ConnectTimeout):
+        return ModelTimeoutError(f"timed out connecting to {url} after {timeouts.connect}s", **kw)
+    if isinstance(exc, httpx2.PoolTimeout):
+        return ModelTimeoutError(
+            f"no free connection to {url} within {timeouts.pool}s (connection pool full)", **kw
+        )
+    if isinstance(exc, httpx2.TimeoutException):
+        return ModelTimeoutError(f"timed out sending the request to {url}: {detail}", **kw)
+    if began:
+        return StreamBrokenError(f"the stream from {url} broke: {detail}", **kw)
+    if isinstance(exc, httpx2.ConnectError):
+        return ModelConnectionError(f"could not connect to {url}: {_connect_detail(exc)}", **kw)
+    # Mostly a pooled keep-alive connection the server had closed: safe to retry, nothing was
+    # processed.
+    return ModelConnectionError(f"{url} closed the connection before responding: {detail}", **kw)
+
+
+# --- server-sent events -------------------------------------------------------------------------
+
+
+@attrs.frozen
+class ServerSentEvent:
+    """One decoded SSE event (``event`` defaults to ``"message"``, as the SSE spec says)."""
+
+    event: str = "message"
+    data: str = ""
+    id: str = ""
+    retry: int | None = None
+
+
+class SSEDecoder:
+    """Push decoder: bytes in (split anywhere, even inside a UTF-8 sequence), events out.
+
+    Built on httpx2's port of httpx-sse's line and event parser plus an incremental UTF-8
+    decoder (which also drops a leading BOM, as the SSE spec asks).  Comments (``: ...``) are
+    skipped; an event still unfinished at the end of the stream is dropped (the spec says so).
+    The live stream uses this same class.  Raises :class:`MalformedStreamError` for bytes that
+    are not UTF-8 or an event over ``max_event_bytes``.
+    """
+
+    def __init__(
+        self, *, provider: str = "", max_event_bytes: int | None = MAX_EVENT_BYTES
+    ) -> None:
+        self._provider = provider
+        self._text = codecs.getincrementaldecoder("utf-8-sig")()
+        self._parser = _SSEParser(max_event_bytes)
+
+    def feed(self, data: bytes) -> list[ServerSentEvent]:
+        """Decode more bytes; returns the events they completed."""
+        return self._decode(data, final=False)
+
+    def flush(self) -> list[ServerSentEvent]:
+        """The stream ended: returns events completed by what was still buffered."""
+        events = self._decode(b"", final=True)
+        events += [self._convert(e) for e in self._parser.flush()]
+        return events
+
+    def _decode(self, data: bytes, *, final: bool) -> list[ServerSentEvent]:
+        try:
+            text = self._text.decode(data, final)
+            return [self._convert(e) for e in self._parser.decode(text)] if text else []
+        except UnicodeDecodeError as exc:
+            raise MalformedStreamError(
+                f"the event stream is not UTF-8: {exc}", provider=self._provider
+            ) from exc
+        except httpx2.SSEError as exc:
+            raise MalformedStreamError(str(exc), provider=self._provider) from exc
+
+    @staticmethod
+    def _convert(event: httpx2.ServerSentEvent) -> ServerSentEvent:
+        return ServerSentEvent(event=event.event, data=event.data, id=event.id, retry=event.retry)
+
+
+class StreamParser(Protocol):
+    """A provider's push parser for one streamed turn: no I/O, driven by :class:`SSEStream`.
+
+    ``feed`` returns the chunks an event carries (and raises :class:`StreamErrorEvent` or
+    :class:`MalformedStreamError`); ``done`` turns true at the protocol's terminator (later
+    events are not fed); ``finish`` is called at the end of the body and returns the response,
+    or raises :class:`StreamBrokenError` if the stream ended without its terminator.
+    """
+
+    @property
+    def done(self) -> bool: ...
+
+    @property
+    def partial_text(self) -> str: ...
+
+    def feed(self, event: ServerSentEvent) -> list[StreamChunk]: ...
+
+    def finish(self) -> ModelResponse: ...
+
+
+class SSEStream:
+    """The chunks of one streamed turn, pulled from the HTTP response as they are asked for.
+
+    A plain iterator object (no task, no async generator); the response belongs to the context
+    manager that made it (:meth:`HTTPSession.stream_sse`).  Every ``__anext__`` is a checkpoint.
+    Chunks already parsed are delivered before an error that followed them is raised, and
+    :attr:`partial_text` keeps the text received so far.  Raises :class:`StreamBrokenError`,
+    :class:`ModelTimeoutError` (stall), :class:`MalformedStreamError` and
+    :class:`StreamErrorEvent`.
+    """
+
+    def __init__(
+        self,
+        response: httpx2.Response,
+        parser: StreamParser,
+        *,
+        provider: str,
+        url: str,
+        timeouts: Timeouts,
+    ) -> None:
+        self._http_response = response
+        self._reader = response.aiter_bytes()
+        self._parser = parser
+        self._decoder = SSEDecoder(provider=provider)
+        self._provider = provider
+        self._url = url
+        self._timeouts = timeouts
+        self.request_id = request_id_of(response.headers)
+        self._pending: deque[StreamChunk] = deque()
+        self._error: ModelError | None = None
+        self._result: ModelResponse | None = None
+        self._closed = False
+
+    def __aiter__(self) -> SSEStream:
+        return self
+
+    async def __anext__(self) -> StreamChunk:
+        if self._closed:
+            raise UsageError("a model stream was iterated after its block had ended")
+        while not self._pending:
+            if self._error is not None:
+                raise self._error
+            if self._result is not None:
+                raise StopAsyncIteration
+            await self._pull()
+        await trio.lowlevel.checkpoint()
+        return self._pending.popleft()
+
+    @property
+    def response(self) -> ModelResponse:
+        """The complete response; valid once iteration has ended."""
+        if self._result is None:
+            raise RuntimeError("the stream has not finished; iterate it to the end first")
+        return self._result
+
+    @property
+    def partial_text(self) -> str:
+        """The answer text received so far (kept when the stream breaks)."""
+        return self._parser.partial_text
+
+    async def aclose(self) -> None:
+        """Close the response and finish the body iterator.  Called by the owner (the context
+        manager of :meth:`HTTPSession.stream_sse`) in a shielded scope."""
+        self._closed = True
+        await _close_response(self._http_response, self._reader)
+
+    async def _pull(self) -> None:
+        if self._parser.done:
+            await self._drain()
+            self._finish()
+            return
+        try:
+            data = await self._reader.__anext__()
+        except StopAsyncIteration:
+            self._feed(self._decoder.flush)
+            self._finish()
+            return
+        except httpx2.HTTPError as exc:
+            raise transport_error(
+                exc,
+                provider=self._provider,
+                url=self._url,
+                began=True,
+                timeouts=self._timeouts,
+                request_id=self.request_id,
+            ) from exc
+        self._feed(lambda: self._decoder.feed(data))
+
+    def _feed(self, decode: Callable[[], list[ServerSentEvent]]) -> None:
+        try:
+            for event in decode():
+                if self._parser.done:
+                    break
+                self._pending.extend(self._parser.feed(event))
+        except ModelError as exc:
+            # Raised once the chunks parsed before it have been delivered.
+            exc.request_id = exc.request_id or self.request_id
+            self._error = exc
+
+    def _finish(self) -> None:
+        if self._error is not None:
+            return
+        try:
+            self._result = self._parser.finish()
+        except ModelError as exc:
+            exc.request_id = exc.request_id or self.request_id
+            self._error = exc
+
+    async def _drain(self) -> None:
+        # The turn is complete; reading to the end of the body lets the connection be reused.
+        # A failure here costs only that reuse.
+        with trio.move_on_after(_DRAIN_SECONDS), contextlib.suppress(httpx2.HTTPError):
+            async for _ in self._reader:
+                pass
+
+
+# --- the session --------------------------------------------------------------------------------
+
+
+class HTTPSession:
+    """Sends one provider's streamed requests.
+
+    Owns an ``httpx2.AsyncClient`` made on first use unless :attr:`HTTPProvider.http_client` was
+    injected; :meth:`aclose` closes only a client it made (a later request makes a new one).
+    ``provider`` is the wire-format name errors carry (``"openai"``).
+    """
+
+    def __init__(self, config: HTTPProvider, *, provider: str) -> None:
+        self.config = config
+        self.provider = provider
+        self._client: httpx2.AsyncClient | None = config.http_client
+        self._owns_client = config.http_client is None
+        t = config.timeout
+        self._timeout = httpx2.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool)
+
+    @property
+    def client(self) -> httpx2.AsyncClient:
+        """The client in use (made now if needed)."""
+        if self._client is None:
+            limit = self.config.max_connections
+            self._client = httpx2.AsyncClient(
+                timeout=self._timeout,
+                limits=httpx2.Limits(
+                    max_connections=limit,
+                    max_keepalive_connections=100 if limit is None else min(limit, 100),
+                ),
+            )
+        return self._client
+
+    async def aclose(self) -> None:
+        """Close the client if this session made it.  Idempotent."""
+        if self._owns_client and self._client is not None:
+            client, self._client = self._client, None
+            await client.aclose()
+
+    @asynccontextmanager
+    async def stream_sse(
+        self,
+        path: str,
+        *,
+        body: Mapping[str, Any],
+        headers: Mapping[str, str],
+        new_parser: Callable[[str | None], StreamParser],
+    ) -> AsyncIterator[SSEStream]:
+        """POST ``body`` to ``path`` and yield the turn's :class:`SSEStream`.
+
+        ``new_parser(request_id)`` makes the provider's parser once a 2xx response arrived.
+        Error statuses and connection failures raise :class:`~trio_agents.ModelError`
+        subclasses, after the retries the :class:`RetryPolicy` allows.  The whole block runs
+        under ``timeout.turn``; when it fires, :class:`ModelTimeoutError` is raised.  Leaving the
+        block (normally, on an error, or on cancel) closes the response and its connection.
+        """
+        url = self.config.url(path)
+        turn = self.config.timeout.turn
+        with trio.move_on_after(math.inf if turn is None else turn) as turn_scope:
+            async with self._open_response(url, body, headers) as response:
+                stream = SSEStream(
+                    response,
+                    new_parser(request_id_of(response.headers)),
+                    provider=self.provider,
+                    url=url,
+                    timeouts=self.config.timeout,
+                )
+                try:
+                    yield stream
+                finally:
+                    with trio.move_on_after(_CLOSE_SECONDS, shield=True):
+                        await stream.aclose()
+        if turn_scope.cancelled_caught:
+            raise ModelTimeoutError(
+                f"the turn did not finish within {turn}s ({url})", provider=self.provider
+            )
+
+    @asynccontextmanager
+    async def _open_response(
+        self, url: str, body: Mapping[str, Any], headers: Mapping[str, str]
+    ) -> AsyncIterator[httpx2.Response]:
+        response = await self._send_with_retry(url, body, headers)
+        try:
+            yield response
+        finally:
+            # Shielded, so that a cancel still closes the connection and the server sees the
+            # disconnect at once.
+            with trio.move_on_after(_CLOSE_SECONDS, shield=True):
+                await response.aclose()
+
+    async def _send_with_retry(
+        self, url: str, body: Mapping[str, Any], headers: Mapping[str, str]
+    ) -> httpx2.Response:
+        policy = self.config.retry
+        retry = 0
+        while True:
+            try:
+                return await self._send_once(url, body, headers)
+            except ModelError as exc:
+                if not exc.retryable or retry >= policy.max_retries:
+                    raise
+                delay = policy.backoff(retry, exc.retry_after)
+                logger.info("retrying %s in %.2fs after: %s", url, delay, exc)
+            # A plain sleep: a cancel (or the turn deadline) ends the backoff at once.
+            await trio.sleep(delay)
+            retry += 1
+
+    async def _send_once(
+        self, url: str, body: Mapping[str, Any], headers: Mapping[str, str]
+    ) -> httpx2.Response:
+        client = self.client
+        request = client.build_request(
+            "POST", url, json=dict(body), headers=dict(headers), timeout=self._timeout
+        )
+        try:
+            response = await client.send(request, stream=True)
+        except httpx2.HTTPError as exc:
+            raise transport_error(
+                exc, provider=self.provider, url=url, began=False, timeouts=self.config.timeout
+            ) from exc
+        media_type = response.headers.get("content-type", "").partition(";")[0].strip().lower()
+        if response.is_success and media_type != "application/json":
+            return response
+        data = await _read_bounded(response)
+        if not response.is_success:
+            raise status_error(
+                response.status_code,
+                headers=response.headers,
+                body=data,
+                provider=self.provider,
+                url=url,
+                reason=response.reason_phrase,
+            )
+        # A 2xx JSON body where we asked for a stream: an error object, or a server that
+        # ignored ``stream: true``.
+        text = data.decode("utf-8", errors="replace")
+        try:
+            message, code = provider_error_details(json.loads(text))
+        except ValueError:
+            message, code = None, None
+        kw: dict[str, Any] = {
+            "provider": self.provider,
+            "request_id": request_id_of(response.headers),
+        }
+        if message is not None:
+            raise StreamErrorEvent(message, code=code, body=text[:_BODY_KEPT], **kw)
+        raise MalformedStreamError(
+            f"{url} answered {response.status_code} with JSON instead of an event stream: "
+            f"{text[:200]!r}",
+            body=text[:_BODY_KEPT],
+            **kw,
+        )
+
+
+async def _read_bounded(response: httpx2.Response, limit: int = ERROR_BODY_LIMIT) -> bytes:
+    """Up to ``limit`` bytes of the body, then close the response.  A body that breaks off
+    yields what had arrived."""
+    parts: list[bytes] = []
+    size = 0
+    reader = response.aiter_bytes()
+    try:
+        with contextlib.suppress(httpx2.HTTPError):
+            async for part in reader:
+                parts.append(part)
+                size += len(part)
+                if size >= limit:
+                    break
+    finally:
+        with trio.move_on_after(_CLOSE_SECONDS, shield=True):
+            await _close_response(response, reader)
+    return b"".join(parts)[:limit]
+
+
+async def _close_response(response: httpx2.Response, reader: AsyncIterator[bytes]) -> None:
+    """Close ``response`` (and its connection, if the body was not read to the end), then run
+    its body iterator ``reader`` to its end.
+
+    Why the second step: httpx2 iterates the httpcore stream with a bare ``async for``
+    (``AsyncResponseStream.__aiter__``), so closing a half-read body iterator would leave an
+    inner async generator to the garbage collector, and trio warns about that (ResourceWarning;
+    encode/httpx#3686, pydantic/httpx2#1036).  Once the response is closed the iterator ends at
+    once, with an error ignored here, and every generator in the chain is finished.
+    """
+    await response.aclose()
+    with contextlib.suppress(httpx2.HTTPError, httpx2.StreamError):
+        async for _ in reader:
+            pass

@@ -1,0 +1,397 @@
+"""OpenAI-compatible chat completions: OpenAI, Azure, vLLM, Ollama, llama.cpp, LiteLLM, Groq...
+
+:class:`OpenAIChat` knows the wire format (``POST {base_url}/chat/completions`` with
+``stream: true``) and nothing else: where the server is and how to reach it is an
+:class:`~trio_agents.models._http.HTTPProvider`.  :class:`OpenAIChatParser` turns the stream's
+events into chunks; it is a pure push object (no I/O), so tests drive it with recorded bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager
+from types import TracebackType
+from typing import Any, Final, Self
+
+from .._exceptions import MalformedStreamError, StreamBrokenError, StreamErrorEvent, UsageError
+from ..messages import (
+    AssistantMessage,
+    ModelRequest,
+    ModelResponse,
+    ToolResultMessage,
+    Usage,
+    UserMessage,
+)
+from ._base import (
+    ModelStream,
+    ReasoningChunk,
+    ResponseBuilder,
+    StreamChunk,
+    TextChunk,
+    ToolCallChunk,
+    loads_json,
+)
+from ._http import (
+    HTTPClient,
+    HTTPProvider,
+    HTTPSession,
+    RetryPolicy,
+    ServerSentEvent,
+    Timeouts,
+    provider_error_details,
+)
+
+__all__ = [
+    "DEFAULT_BASE_URL",
+    "OpenAIChat",
+    "OpenAIChatParser",
+    "chat_completions_body",
+    "openai_provider",
+]
+
+DEFAULT_BASE_URL: Final = "https://api.openai.com/v1"
+
+
+def openai_provider(
+    *,
+    base_url: str | None = None,
+    api_key: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    http_client: HTTPClient | None = None,
+    timeout: Timeouts | None = None,
+    retry: RetryPolicy | None = None,
+) -> HTTPProvider:
+    """An :class:`HTTPProvider` for an OpenAI-compatible server.
+
+    Like the OpenAI SDK, reads ``OPENAI_BASE_URL`` (default :data:`DEFAULT_BASE_URL`) and
+    ``OPENAI_API_KEY`` when the argument is not given.  No key is fine for local servers.
+    """
+    return HTTPProvider(
+        base_url=base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL,
+        api_key=api_key if api_key is not None else os.environ.get("OPENAI_API_KEY"),
+        headers=dict(headers or {}),
+        timeout=timeout or Timeouts(),
+        retry=retry or RetryPolicy(),
+        http_client=http_client,
+    )
+
+
+def chat_completions_body(model: str, request: ModelRequest) -> dict[str, Any]:
+    """The JSON body of a streamed chat-completions request for ``request``."""
+    messages: list[dict[str, Any]] = []
+    if request.instructions:
+        messages.append({"role": "system", "content": request.instructions})
+    for message in request.messages:
+        if isinstance(message, UserMessage):
+            messages.append({"role": "user", "content": message.text})
+        elif isinstance(message, AssistantMessage):
+            entry: dict[str, Any] = {"role": "assistant"}
+            if message.tool_calls:
+                entry["content"] = message.text or None
+                entry["tool_calls"] = [
+                    {
+                        "id": call.id,
+                        "type": "function",
+                        "function": {"name": call.name, "arguments": call.arguments},
+                    }
+                    for call in message.tool_calls
+                ]
+            else:
+                entry["content"] = message.text
+            messages.append(entry)
+        elif isinstance(message, ToolResultMessage):
+            messages.extend(
+                {"role": "tool", "tool_call_id": result.call_id, "content": result.content}
+                for result in message.results
+            )
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": messages,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if request.tools:
+        body["tools"] = [
+            {
+                "type": "function",
+                "function": {
+                    "name": spec.name,
+                    "description": spec.description,
+                    "parameters": dict(spec.parameters) or {"type": "object", "properties": {}},
+                },
+            }
+            for spec in request.tools
+        ]
+    if request.max_tokens is not None:
+        body["max_tokens"] = request.max_tokens
+    if request.temperature is not None:
+        body["temperature"] = request.temperature
+    return body
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _usage(data: Mapping[str, Any]) -> Usage:
+    prompt_details = data.get("prompt_tokens_details")
+    completion_details = data.get("completion_tokens_details")
+    cached = _count(prompt_details.get("cached_tokens")) if isinstance(prompt_details, dict) else 0
+    reasoning = (
+        _count(completion_details.get("reasoning_tokens"))
+        if isinstance(completion_details, dict)
+        else 0
+    )
+    return Usage(
+        input_tokens=_count(data.get("prompt_tokens")),
+        output_tokens=_count(data.get("completion_tokens")),
+        # DeepSeek also reports its cache hits as prompt_cache_hit_tokens.
+        cache_read_tokens=cached or _count(data.get("prompt_cache_hit_tokens")),
+        reasoning_tokens=reasoning,
+    )
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+class OpenAIChatParser:
+    """Push parser for one chat-completions stream (see :class:`~._http.StreamParser`).
+
+    Handles: text deltas; reasoning in ``reasoning_content`` (DeepSeek) or ``reasoning`` (Groq,
+    OpenRouter); ``refusal`` deltas (kept as answer text); tool-call fragments by index, the id
+    and name only on the first; ``finish_reason``; usage on any chunk (a usage-only chunk with
+    ``choices: []``, or on the finish chunk); ``[DONE]``.  Only choice index 0 is read (``n>1``
+    streams: other indexes are ignored).  An ``error`` object in a chunk, or an ``event: error``
+    frame, raises :class:`StreamErrorEvent` with the provider's message; a chunk that is not
+    JSON raises :class:`MalformedStreamError`; :meth:`finish` without ``[DONE]`` and without a
+    finish reason raises :class:`StreamBrokenError`.
+    """
+
+    def __init__(
+        self, *, model: str | None = None, request_id: str | None = None, provider: str = "openai"
+    ) -> None:
+        self._provider = provider
+        self._request_id = request_id
+        self._builder = ResponseBuilder(provider=provider, model=model)
+        self._builder.request_id = request_id
+        self.done = False
+
+    @property
+    def partial_text(self) -> str:
+        """The answer text parsed so far."""
+        return self._builder.text
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self._builder.finish_reason
+
+    def feed(self, event: ServerSentEvent) -> list[StreamChunk]:
+        """Parse one SSE event; returns the chunks it carries (often none)."""
+        data = event.data
+        if event.event == "error":
+            raise self._stream_error(data)
+        if not data.strip():
+            return []
+        if data.strip() == "[DONE]":
+            self.done = True
+            return []
+        payload = loads_json(
+            data,
+            provider=self._provider,
+            what="a chat completion chunk",
+            request_id=self._request_id,
+        )
+        if not isinstance(payload, dict):
+            raise MalformedStreamError(
+                f"a chat completion chunk is not a JSON object: {data[:200]!r}",
+                provider=self._provider,
+                request_id=self._request_id,
+            )
+        model = payload.get("model")
+        if isinstance(model, str) and model:
+            self._builder.model = model
+        usage = payload.get("usage")
+        if isinstance(usage, dict):
+            self._builder.set_usage(_usage(usage))
+        if payload.get("error"):
+            raise self._stream_error(data, payload)
+        choices = payload.get("choices")
+        if choices is None:
+            return []
+        if not isinstance(choices, list):
+            raise MalformedStreamError(
+                f"`choices` is not a list: {data[:200]!r}",
+                provider=self._provider,
+                request_id=self._request_id,
+            )
+        chunks: list[StreamChunk] = []
+        for choice in choices:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta")
+            if isinstance(delta, dict):
+                chunks.extend(self._delta_chunks(delta))
+            finish_reason = choice.get("finish_reason")
+            if isinstance(finish_reason, str) and finish_reason:
+                self._builder.finish_reason = finish_reason
+        for chunk in chunks:
+            self._builder.add(chunk)
+        return chunks
+
+    def finish(self) -> ModelResponse:
+        """The complete response, once the body has ended."""
+        if not self.done and self._builder.finish_reason is None:
+            raise StreamBrokenError(
+                "the stream ended without [DONE] and without a finish reason",
+                provider=self._provider,
+                request_id=self._request_id,
+            )
+        return self._builder.build()
+
+    def _delta_chunks(self, delta: Mapping[str, Any]) -> list[StreamChunk]:
+        chunks: list[StreamChunk] = []
+        reasoning = _text(delta.get("reasoning_content")) or _text(delta.get("reasoning"))
+        if reasoning:
+            chunks.append(ReasoningChunk(reasoning))
+        content = _text(delta.get("content")) or _text(delta.get("refusal"))
+        if content:
+            chunks.append(TextChunk(content))
+        tool_calls = delta.get("tool_calls")
+        if isinstance(tool_calls, list):
+            for position, call in enumerate(tool_calls):
+                if isinstance(call, dict) and (chunk := self._tool_call_chunk(position, call)):
+                    chunks.append(chunk)
+        return chunks
+
+    @staticmethod
+    def _tool_call_chunk(position: int, call: Mapping[str, Any]) -> ToolCallChunk | None:
+        index = call.get("index")
+        function = call.get("function")
+        function = function if isinstance(function, dict) else {}
+        arguments = function.get("arguments")
+        if isinstance(arguments, dict):  # a few servers send the arguments as an object
+            arguments = json.dumps(arguments)
+        call_id, name, arguments = (
+            _text(call.get("id")),
+            _text(function.get("name")),
+            _text(arguments),
+        )
+        if not (call_id or name or arguments):
+            return None
+        return ToolCallChunk(
+            index=index if isinstance(index, int) else position,
+            id=call_id or None,
+            name=name or None,
+            arguments=arguments,
+        )
+
+    def _stream_error(self, raw: str, payload: object = None) -> StreamErrorEvent:
+        if payload is None:
+            try:
+                payload = json.loads(raw)
+            except ValueError:
+                payload = None
+        message, code = provider_error_details(payload)
+        return StreamErrorEvent(
+            message or f"the server sent an error event: {raw[:200]!r}",
+            provider=self._provider,
+            request_id=self._request_id,
+            code=code,
+            body=raw[:2000],
+        )
+
+
+class OpenAIChat:
+    """A model behind an OpenAI-compatible ``/chat/completions`` endpoint.
+
+    ``OpenAIChat("gpt-4o-mini")`` reads ``OPENAI_API_KEY`` / ``OPENAI_BASE_URL`` from the
+    environment; ``base_url=``, ``api_key=``, ``headers=``, ``http_client=``, ``timeout=`` and
+    ``retry=`` override them, or pass a complete ``provider=`` (:class:`HTTPProvider`) instead.
+
+    Owns an HTTP client made on first use (unless ``http_client=`` was injected: that one stays
+    the caller's); close it with :meth:`aclose` or ``async with OpenAIChat(...) as model``.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        http_client: HTTPClient | None = None,
+        timeout: Timeouts | None = None,
+        retry: RetryPolicy | None = None,
+        provider: HTTPProvider | None = None,
+    ) -> None:
+        settings = (base_url, api_key, headers, http_client, timeout, retry)
+        if provider is not None and any(s is not None for s in settings):
+            raise UsageError(
+                "OpenAIChat: pass either provider= or base_url/api_key/headers/http_client/"
+                "timeout/retry, not both"
+            )
+        if not model:
+            raise UsageError("OpenAIChat needs a model name")
+        self._model = model
+        self.http_provider = provider or openai_provider(
+            base_url=base_url,
+            api_key=api_key,
+            headers=headers,
+            http_client=http_client,
+            timeout=timeout,
+            retry=retry,
+        )
+        self._session = HTTPSession(self.http_provider, provider="openai")
+
+    def __repr__(self) -> str:
+        return f"OpenAIChat({self._model!r}, base_url={self.http_provider.base_url!r})"
+
+    @property
+    def name(self) -> str:
+        return self._model
+
+    @property
+    def provider(self) -> str:
+        return "openai"
+
+    def request_body(self, request: ModelRequest) -> dict[str, Any]:
+        """The JSON body :meth:`stream` sends for ``request``."""
+        return chat_completions_body(self._model, request)
+
+    def request_headers(self) -> dict[str, str]:
+        """Headers of every request: auth, ``accept``, then the provider's extra headers."""
+        headers = {"accept": "text/event-stream", "user-agent": "trio-agents"}
+        if self.http_provider.api_key:
+            headers["authorization"] = f"Bearer {self.http_provider.api_key}"
+        headers.update(self.http_provider.headers)
+        return headers
+
+    def stream(self, request: ModelRequest) -> AbstractAsyncContextManager[ModelStream]:
+        """Open one streamed turn (see :meth:`HTTPSession.stream_sse` for retries, timeouts,
+        and what leaving the block does).  Raises :class:`~trio_agents.ModelError` subclasses."""
+        return self._session.stream_sse(
+            "chat/completions",
+            body=self.request_body(request),
+            headers=self.request_headers(),
+            new_parser=lambda request_id: OpenAIChatParser(
+                model=self._model, request_id=request_id
+            ),
+        )
+
+    async def aclose(self) -> None:
+        """Close the HTTP client this model made (not an injected one).  Idempotent."""
+        await self._session.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.aclose()

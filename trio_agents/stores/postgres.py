@@ -1,0 +1,431 @@
+"""The PostgreSQL store: many processes, many machines (``postgresql://...``, ``postgres://...``).
+
+Who owns what
+    A ``psycopg_pool.ConnectionPool`` of psycopg 3's *sync* connections (its async API runs on
+    asyncio only), called from worker threads; a ``trio.Semaphore`` as large as the pool, so a
+    call waits for a free connection in trio (cancellable) rather than in a thread.  The pool
+    runs a few threads of its own (connection upkeep).  For
+    :meth:`PostgresStore.wait_for_cancel_requests`, one more connection that ``LISTEN``\\s,
+    watched with ``trio.lowlevel.wait_readable`` - no thread.  :meth:`PostgresStore.aclose`
+    closes them all.
+
+Transactions and fencing
+    Every call is one transaction.  A write first locks the row it checks
+    (``SELECT ... FOR UPDATE``), so the fencing check and the write cannot interleave with
+    another process's, and a rejected write changes nothing.  ``request_cancel`` sends
+    ``NOTIFY`` in its transaction: it is delivered on commit, to every process.
+
+Cancel
+    A call's thread is never abandoned.  On a trio cancel the store sends PostgreSQL a cancel
+    request for the running query (``Connection.cancel_safe``, resent until the thread returns),
+    the transaction rolls back, the connection goes back to the pool, and ``trio.Cancelled`` is
+    raised - no query or thread of the call is left running.
+
+Clock
+    By default the database server's clock (one clock for every machine); ``clock=`` injects
+    another (tests).
+
+Errors
+    No connection within ``connect_timeout`` (refused, unknown host, down) ->
+    :class:`~trio_agents.StoreUnavailableError` naming host and port; a schema newer than this
+    code and any other database error -> :class:`~trio_agents.StoreError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from functools import lru_cache, partial
+from typing import Any, Final, TypeVar
+
+import psycopg
+import psycopg_pool
+import trio
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.rows import TupleRow
+
+from .._exceptions import StoreError, StoreUnavailableError, UsageError
+from ..events import Event
+from . import _sql
+from ._base import (
+    JSON,
+    CancelRequest,
+    InvocationRecord,
+    InvocationStatus,
+    Lease,
+    Session,
+    SessionEntry,
+)
+from ._threads import Aborted, run_interruptible
+
+__all__ = ["PostgresStore"]
+
+T = TypeVar("T")
+Conn = psycopg.Connection[TupleRow]
+
+_CHANNEL: Final = "trio_agents_cancel"
+
+
+@lru_cache(maxsize=256)
+def _pg(query: str) -> str:
+    return query.replace("?", "%s")
+
+
+class _Tx:
+    for_update = " FOR UPDATE"
+
+    def __init__(self, conn: Conn, clock: Callable[[], float] | None, channel: str) -> None:
+        self._conn = conn
+        self._clock = clock
+        self._channel = channel
+        self._now: float | None = None
+
+    def now(self) -> float:
+        if self._now is None:
+            if self._clock is not None:
+                self._now = self._clock()
+            else:
+                row = self._conn.execute("SELECT extract(epoch FROM clock_timestamp())").fetchone()
+                assert row is not None
+                self._now = float(row[0])
+        return self._now
+
+    def rows(self, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        cursor = self._conn.execute(_pg(query), params or None)
+        return cursor.fetchall() if cursor.description is not None else []
+
+    def run(self, query: str, params: Sequence[Any] = ()) -> int:
+        return self._conn.execute(_pg(query), params or None).rowcount
+
+    def run_many(self, query: str, params: Sequence[Sequence[Any]]) -> None:
+        with self._conn.cursor() as cursor:
+            cursor.executemany(_pg(query), params)
+
+    def notify_cancel(self, invocation_id: str) -> None:
+        self._conn.execute("SELECT pg_notify(%s, %s)", (self._channel, invocation_id))
+
+
+class PostgresStore:
+    """A :class:`~trio_agents.stores.Store` in PostgreSQL.  See the module docstring.
+
+    Args:
+        url: a libpq URL or conninfo string (``postgresql://user@host:5432/db``).
+        schema: keep the tables in this schema (created if missing; set as ``search_path``),
+            e.g. one per test run.  Default: the server's ``search_path``.
+        clock: the store's clock (Unix seconds); default: the database server's.
+        connect_timeout: seconds to wait for a connection before
+            :class:`~trio_agents.StoreUnavailableError` (libpq rounds it up to at least 2).
+        max_connections: the pool's size.
+
+    Raises :class:`~trio_agents.UsageError` for a URL libpq cannot parse.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        schema: str | None = None,
+        clock: Callable[[], float] | None = None,
+        connect_timeout: float = 5.0,
+        max_connections: int = 8,
+    ) -> None:
+        try:
+            params = conninfo_to_dict(url)
+        except psycopg.Error as exc:
+            raise UsageError(f"cannot parse the PostgreSQL URL {url!r}: {exc}") from exc
+        if schema is not None and not schema:
+            raise UsageError("schema must be a non-empty name or None")
+        self._where = (
+            f"PostgreSQL at {params.get('host') or 'localhost'}:{params.get('port') or 5432}"
+            f" (database {params.get('dbname') or params.get('user') or 'default'!r})"
+        )
+        extra: dict[str, Any] = {"application_name": params.get("application_name", "trio_agents")}
+        if "connect_timeout" not in params:
+            extra["connect_timeout"] = max(2, round(connect_timeout))
+        self._conninfo = make_conninfo(url, **extra)
+        self.schema = schema
+        channel = f"{_CHANNEL}:{schema}" if schema else _CHANNEL
+        if len(channel.encode()) > 63:  # NAMEDATALEN
+            channel = f"{_CHANNEL}:{hashlib.sha256(channel.encode()).hexdigest()[:40]}"
+        self._channel = channel
+        self._clock = clock
+        self._connect_timeout = connect_timeout
+        self._max_connections = max_connections
+        self._slots = trio.Semaphore(max_connections)
+        self._open_lock = trio.Lock()
+        self._pool: psycopg_pool.ConnectionPool[Conn] | None = None
+        self._closed = False
+        self._listen_lock = trio.Lock()
+        self._listener: tuple[Conn, int] | None = None  # (connection, its socket)
+        self._notified = 0  # how many times a listener saw notifications
+
+    def __repr__(self) -> str:
+        return f"PostgresStore(<{self._where}>, schema={self.schema!r})"
+
+    async def __aenter__(self) -> PostgresStore:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # ---- connections ------------------------------------------------------------------------
+
+    def _unavailable(self, exc: BaseException) -> StoreUnavailableError:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return StoreUnavailableError(
+            f"cannot reach {self._where}: {reason}.  Is PostgreSQL running and accepting "
+            "connections there?  Check the host, port and credentials in the store URL."
+        )
+
+    def _connect(self) -> Conn:
+        try:
+            conn = psycopg.connect(self._conninfo, autocommit=True)
+        except psycopg.OperationalError as exc:
+            raise self._unavailable(exc) from exc
+        try:
+            self._configure(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _configure(self, conn: Conn) -> None:
+        if self.schema is not None:
+            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
+
+    def _migrate(self, conn: Conn, abort: threading.Event) -> None:
+        key = int.from_bytes(hashlib.sha256(f"trio_agents:{self.schema}".encode()).digest()[:8])
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (key - (1 << 63),))
+            if self.schema is not None:
+                conn.execute(
+                    sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema))
+                )
+            _sql.migrate(_Tx(conn, self._clock, self._channel))
+
+    def _make_pool(self) -> psycopg_pool.ConnectionPool[Conn]:
+        pool: psycopg_pool.ConnectionPool[Conn] = psycopg_pool.ConnectionPool(
+            self._conninfo,
+            kwargs={"autocommit": True},
+            min_size=1,
+            max_size=self._max_connections,
+            open=False,
+            configure=self._configure,
+            check=psycopg_pool.ConnectionPool.check_connection,
+            timeout=self._connect_timeout,
+            name=f"trio_agents {self._where}",
+        )
+        try:
+            pool.open(wait=True, timeout=self._connect_timeout)
+        except psycopg_pool.PoolTimeout as exc:
+            pool.close()
+            raise self._unavailable(exc) from exc
+        return pool
+
+    async def open(self) -> None:
+        """Connect, create or migrate the schema, fill the pool.  Idempotent; calls do it lazily.
+
+        Raises :class:`~trio_agents.StoreUnavailableError` within about ``connect_timeout``.
+        A cancel while connecting waits for the attempt to end (at most ``connect_timeout``);
+        a cancel while migrating cancels the migration's query, which rolls back.
+        """
+        async with self._open_lock:
+            if self._closed:
+                raise UsageError(f"{self!r} is closed")
+            if self._pool is not None:
+                return
+            conn = await trio.to_thread.run_sync(self._connect)
+            try:
+                await self._call(partial(self._migrate, conn), partial(self._cancel_query, conn))
+            finally:
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(conn.close)
+            self._pool = await trio.to_thread.run_sync(self._make_pool)
+
+    async def _call(self, work: Callable[[threading.Event], T], interrupt: Callable[[], None]) -> T:
+        """:func:`run_interruptible`, with psycopg's errors translated into the store's."""
+        try:
+            return await run_interruptible(work, interrupt=interrupt)
+        except psycopg.errors.QueryCanceled as exc:  # not by us: ours become trio.Cancelled
+            raise StoreError(f"{self._where} cancelled the query: {exc}") from exc
+        except psycopg_pool.PoolClosed as exc:
+            raise UsageError(f"{self!r} is closed") from exc
+        except psycopg.OperationalError as exc:  # connection refused or lost, PoolTimeout
+            raise self._unavailable(exc) from exc
+        except psycopg.Error as exc:
+            raise StoreError(f"{self._where}: {type(exc).__name__}: {exc}") from exc
+
+    def _cancel_query(self, conn: Conn | None) -> None:
+        if conn is not None:
+            conn.cancel_safe(timeout=self._connect_timeout)
+
+    async def _run(self, fn: Callable[[_sql.Tx], T]) -> T:
+        """Run ``fn`` in one transaction on a pooled connection, cancellably."""
+        if self._pool is None:
+            await self.open()
+        pool = self._pool
+        if pool is None or self._closed:
+            raise UsageError(f"{self!r} is closed")
+        async with self._slots:
+            held: list[Conn] = []
+
+            def work(abort: threading.Event) -> T:
+                held.append(pool.getconn())
+                if abort.is_set():
+                    raise Aborted("cancelled before the query began")
+                with held[0].transaction():
+                    return fn(_Tx(held[0], self._clock, self._channel))
+
+            def interrupt() -> None:
+                self._cancel_query(held[0] if held else None)
+
+            try:
+                return await self._call(work, interrupt)
+            finally:
+                if held:  # only now: no cancel request for this call can still be in flight
+                    with trio.CancelScope(shield=True):
+                        await trio.to_thread.run_sync(pool.putconn, held[0])
+
+    async def _execute(self, *statements: str | tuple[str, Sequence[Any]]) -> list[tuple[Any, ...]]:
+        """Run raw SQL (``?`` placeholders) in one transaction; return the last one's rows.
+
+        For tests and maintenance only: it bypasses every check of the store.
+        """
+
+        def run(tx: _sql.Tx) -> list[tuple[Any, ...]]:
+            rows: list[tuple[Any, ...]] = []
+            for statement in statements:
+                query, params = (statement, ()) if isinstance(statement, str) else statement
+                rows = tx.rows(query, params)
+            return rows
+
+        return await self._run(run)
+
+    async def aclose(self) -> None:
+        """Close the listener and the pool (its threads too).  Idempotent."""
+        with trio.CancelScope(shield=True):
+            self._closed = True
+            await self._drop_listener()
+            async with self._open_lock:
+                pool, self._pool = self._pool, None
+            if pool is not None:
+                await trio.to_thread.run_sync(pool.close)
+
+    # ---- cancel requests across processes ---------------------------------------------------
+
+    async def _listen(self) -> tuple[Conn, int]:
+        """The listening connection and its socket, connected and ``LISTEN``ing."""
+        if self._listener is None:
+            if self._closed:
+                raise UsageError(f"{self!r} is closed")
+            conn = await trio.to_thread.run_sync(self._connect)
+            listen = sql.SQL("LISTEN {}").format(sql.Identifier(self._channel))
+            try:
+                await self._call(lambda _: conn.execute(listen), partial(self._cancel_query, conn))
+            except BaseException:
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(conn.close)
+                raise
+            self._listener = (conn, conn.fileno())
+        return self._listener
+
+    async def _drop_listener(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            conn, fd = listener
+            trio.lowlevel.notify_closing(fd)  # wakes a waiter with ClosedResourceError
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(conn.close)
+
+    # See Store.wait_for_cancel_requests: `timeout` is a poll interval, not a deadline.
+    async def wait_for_cancel_requests(self, *, timeout: float) -> None:  # noqa: ASYNC109
+        """Wait for a ``NOTIFY`` from :meth:`request_cancel` (any process), or ``timeout``.
+
+        The first call starts listening (on a connection of its own, even with ``timeout=0``);
+        requests made before that are not seen here - poll :meth:`cancel_requests` first.
+        Waits on the listening connection's socket in trio (no thread): a cancel ends it at
+        once.  Notifications that arrive between waits queue on the connection, so a request
+        made since the last wait wakes the next one at once.  A lost listening connection
+        counts as a wakeup (we may have missed a notification); the next wait reconnects and
+        raises :class:`~trio_agents.StoreUnavailableError` if it cannot.
+        """
+        seen = self._notified
+        if self._listener is None:  # outside the timeout: even a 0 s wait starts listening
+            async with self._listen_lock:
+                await self._listen()
+        with trio.move_on_after(timeout):
+            async with self._listen_lock:
+                if self._notified != seen:  # another waiter was woken meanwhile
+                    return
+                conn, fd = await self._listen()
+                while True:
+                    try:
+                        # Non-blocking: the backlog, then whatever the socket holds.
+                        woken = bool(list(conn.notifies(timeout=0)))
+                    except psycopg.Error:
+                        await self._drop_listener()
+                        return
+                    if woken:
+                        self._notified += 1
+                        return
+                    try:
+                        await trio.lowlevel.wait_readable(fd)
+                    except trio.ClosedResourceError:  # aclose() closed the listener
+                        return
+
+    # ---- the Store protocol -----------------------------------------------------------------
+
+    async def create_invocation(self, record: InvocationRecord, *, ttl: float) -> Lease:
+        return await self._run(partial(_sql.create_invocation, record=record, ttl=ttl))
+
+    async def get_invocation(self, invocation_id: str) -> InvocationRecord:
+        return await self._run(partial(_sql.get_invocation, invocation_id=invocation_id))
+
+    async def list_invocations(
+        self, *, status: InvocationStatus | None = None, limit: int = 100
+    ) -> list[InvocationRecord]:
+        return await self._run(partial(_sql.list_invocations, status=status, limit=limit))
+
+    async def acquire_lease(self, invocation_id: str, *, owner: str, ttl: float) -> Lease:
+        return await self._run(
+            partial(_sql.acquire_lease, invocation_id=invocation_id, owner=owner, ttl=ttl)
+        )
+
+    async def renew_lease(self, lease: Lease, *, ttl: float) -> Lease:
+        return await self._run(partial(_sql.renew_lease, lease=lease, ttl=ttl))
+
+    async def append_events(self, lease: Lease, events: Sequence[Event]) -> None:
+        await self._run(partial(_sql.append_events, lease=lease, events=list(events)))
+
+    async def load_events(self, invocation_id: str, *, after_seq: int = 0) -> list[Event]:
+        return await self._run(
+            partial(_sql.load_events, invocation_id=invocation_id, after_seq=after_seq)
+        )
+
+    async def request_cancel(self, request: CancelRequest) -> bool:
+        return await self._run(partial(_sql.request_cancel, request=request))
+
+    async def cancel_requests(self, invocation_ids: Sequence[str]) -> list[CancelRequest]:
+        return await self._run(partial(_sql.cancel_requests, invocation_ids=list(invocation_ids)))
+
+    async def create_session(
+        self,
+        session_id: str,
+        *,
+        user_id: str | None = None,
+        state: Mapping[str, JSON] | None = None,
+    ) -> Session:
+        return await self._run(
+            partial(_sql.create_session, session_id=session_id, user_id=user_id, state=state)
+        )
+
+    async def get_session(self, session_id: str) -> Session:
+        return await self._run(partial(_sql.get_session, session_id=session_id))
+
+    async def append_session_entry(self, session_id: str, entry: SessionEntry) -> Session:
+        return await self._run(
+            partial(_sql.append_session_entry, session_id=session_id, entry=entry)
+        )

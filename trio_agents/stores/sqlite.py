@@ -1,0 +1,332 @@
+"""The SQLite store: the embedded default (``sqlite:///relative/path.db``, ``sqlite:////abs.db``).
+
+Who owns what
+    One ``sqlite3`` connection, opened by the store (lazily, or by :meth:`SQLiteStore.open`) and
+    used from worker threads, one call at a time under a ``trio.Lock``.  One connection because
+    SQLite has one writer per database anyway: a second connection in this process would only
+    make our own calls wait on each other's locks (``SQLITE_BUSY``) instead of on a fair trio
+    lock.  Other processes may open the same file; WAL mode lets their readers run while we write.
+
+Transactions
+    Every call is one transaction.  Writes begin with ``BEGIN IMMEDIATE`` - the write lock is
+    taken first, so two processes never deadlock upgrading read locks and the fencing check and
+    the write see the same data; reads begin with ``BEGIN`` (one consistent snapshot).
+
+Durability
+    ``journal_mode=WAL`` with ``synchronous=NORMAL``: a committed transaction survives a crash of
+    the *process* (it is in the WAL, handed to the OS) and the file is never corrupted; only a
+    power loss or an OS crash can lose the last transactions since the WAL was last synced.
+    ``FULL`` would fsync on every commit - every journaled event - which costs milliseconds per
+    event on ordinary disks; the runner's promises are about the process (cancel, crash,
+    restart), which ``NORMAL`` keeps.
+
+Cancel
+    A call's thread is never abandoned.  On a trio cancel the store calls
+    ``sqlite3.Connection.interrupt()``: the running statement aborts, the transaction rolls back,
+    and ``trio.Cancelled`` is raised once the thread has returned.  Waiting for another process's
+    write lock is done in short slices, so a cancel ends that wait too.
+
+Errors
+    A path that cannot be created or opened, or a lock held by another process for longer than
+    ``busy_timeout`` -> :class:`~trio_agents.StoreUnavailableError`; a damaged file ->
+    :class:`~trio_agents.CorruptRecordError`; a schema newer than this code and any other SQLite
+    error -> :class:`~trio_agents.StoreError`.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+import trio
+
+from .._exceptions import CorruptRecordError, StoreError, StoreUnavailableError, UsageError
+from ..events import Event
+from . import _sql
+from ._base import (
+    JSON,
+    CancelRequest,
+    InvocationRecord,
+    InvocationStatus,
+    Lease,
+    Session,
+    SessionEntry,
+)
+from ._threads import Aborted, run_interruptible
+
+__all__ = ["SQLiteStore"]
+
+T = TypeVar("T")
+
+_BUSY_SLICE_MS: Final = 50
+_BUSY, _LOCKED, _CORRUPT, _NOTADB = 5, 6, 11, 26
+
+
+class _Tx:
+    for_update = ""
+
+    def __init__(self, conn: sqlite3.Connection, clock: Callable[[], float]) -> None:
+        self._conn = conn
+        self._clock = clock
+        self._now: float | None = None
+
+    def now(self) -> float:
+        if self._now is None:
+            self._now = self._clock()
+        return self._now
+
+    def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return self._conn.execute(sql, params).fetchall()
+
+    def run(self, sql: str, params: Sequence[Any] = ()) -> int:
+        return self._conn.execute(sql, params).rowcount
+
+    def run_many(self, sql: str, params: Sequence[Sequence[Any]]) -> None:
+        self._conn.executemany(sql, params)
+
+    def notify_cancel(self, invocation_id: str) -> None:
+        pass  # waiters poll: see SQLiteStore.wait_for_cancel_requests
+
+
+def _code(exc: sqlite3.Error) -> int:
+    return getattr(exc, "sqlite_errorcode", 0) & 0xFF
+
+
+class SQLiteStore:
+    """A :class:`~trio_agents.stores.Store` in one SQLite file.  See the module docstring.
+
+    Args:
+        path: the database file; missing parent directories are created.
+        clock: the store's clock (Unix seconds), injectable for lease tests.
+        busy_timeout: how long a call waits for another process's write lock before raising
+            :class:`~trio_agents.StoreUnavailableError`.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        clock: Callable[[], float] = time.time,
+        busy_timeout: float = 5.0,
+    ) -> None:
+        self.path = Path(path)
+        self._clock = clock
+        self._busy_timeout = busy_timeout
+        self._lock = trio.Lock()
+        self._conn: sqlite3.Connection | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"SQLiteStore({str(self.path)!r})"
+
+    async def __aenter__(self) -> SQLiteStore:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # ---- connection and transactions ----------------------------------------------------------
+
+    async def open(self) -> None:
+        """Create or open the file and migrate its schema.  Idempotent; calls do it lazily."""
+        async with self._lock:
+            await self._open_locked()
+
+    async def _open_locked(self) -> sqlite3.Connection:
+        if self._closed:
+            raise UsageError(f"{self!r} is closed")
+        if self._conn is None:
+            conn = await trio.to_thread.run_sync(self._connect)
+            try:
+                await self._call(conn, _sql.migrate, write=True)
+            except BaseException:
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(conn.close)
+                raise
+            self._conn = conn
+        return self._conn
+
+    def _connect(self) -> sqlite3.Connection:
+        where = f"the SQLite database {str(self.path)!r}"
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreUnavailableError(
+                f"cannot create the directory of {where}: {exc}; choose a path this process "
+                "can write"
+            ) from exc
+        try:
+            conn = sqlite3.connect(
+                self.path,
+                timeout=self._busy_timeout,
+                isolation_level=None,  # we BEGIN and COMMIT ourselves
+                check_same_thread=False,  # used from worker threads, one at a time (the lock)
+            )
+        except sqlite3.Error as exc:
+            raise StoreUnavailableError(
+                f"cannot open {where}: {exc}; choose a path this process can write"
+            ) from exc
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("PRAGMA foreign_keys = ON")
+            # From now on wait for other processes' locks in slices (see _transact).
+            conn.execute(f"PRAGMA busy_timeout = {_BUSY_SLICE_MS}")
+        except sqlite3.Error as exc:
+            conn.close()
+            raise self._translate(exc) from exc
+        return conn
+
+    def _transact(
+        self,
+        conn: sqlite3.Connection,
+        fn: Callable[[_sql.Tx], T],
+        write: bool,
+        abort: threading.Event,
+    ) -> T:
+        deadline = time.monotonic() + self._busy_timeout
+        while True:
+            if conn.in_transaction:  # left over by a failed rollback; never build on it
+                conn.execute("ROLLBACK")
+            try:
+                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                try:
+                    result = fn(_Tx(conn, self._clock))
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+                return result
+            except sqlite3.OperationalError as exc:
+                if _code(exc) not in (_BUSY, _LOCKED) or time.monotonic() > deadline:
+                    raise
+                if abort.is_set():
+                    raise Aborted("cancelled while waiting for the database lock") from exc
+
+    async def _call(
+        self, conn: sqlite3.Connection, fn: Callable[[_sql.Tx], T], *, write: bool
+    ) -> T:
+        try:
+            return await run_interruptible(
+                partial(self._transact, conn, fn, write), interrupt=conn.interrupt
+            )
+        except sqlite3.Error as exc:
+            raise self._translate(exc) from exc
+
+    async def _run(self, fn: Callable[[_sql.Tx], T], *, write: bool) -> T:
+        async with self._lock:
+            conn = await self._open_locked()
+            return await self._call(conn, fn, write=write)
+
+    def _translate(self, exc: sqlite3.Error) -> StoreError:
+        where = f"the SQLite database {str(self.path)!r}"
+        code = _code(exc)
+        if code in (_BUSY, _LOCKED):
+            return StoreUnavailableError(
+                f"{where} stayed locked by another connection for {self._busy_timeout}s: {exc}"
+            )
+        if code in (_CORRUPT, _NOTADB):
+            return CorruptRecordError(f"{where} is damaged or not a database: {exc}")
+        if isinstance(exc, sqlite3.OperationalError):
+            return StoreUnavailableError(f"cannot use {where}: {exc}")
+        return StoreError(f"SQLite error on {where}: {exc}")
+
+    async def _execute(self, *statements: str | tuple[str, Sequence[Any]]) -> list[tuple[Any, ...]]:
+        """Run raw SQL in one write transaction; return the last statement's rows.
+
+        For tests and maintenance only: it bypasses every check of the store.
+        """
+
+        def run(tx: _sql.Tx) -> list[tuple[Any, ...]]:
+            rows: list[tuple[Any, ...]] = []
+            for statement in statements:
+                sql, params = (statement, ()) if isinstance(statement, str) else statement
+                rows = tx.rows(sql, params)
+            return rows
+
+        return await self._run(run, write=True)
+
+    async def aclose(self) -> None:
+        """Close the connection (waiting for a call in progress to finish).  Idempotent."""
+        with trio.CancelScope(shield=True):
+            async with self._lock:
+                self._closed = True
+                conn, self._conn = self._conn, None
+                if conn is not None:
+                    await trio.to_thread.run_sync(conn.close)
+
+    # ---- the Store protocol -----------------------------------------------------------------
+
+    async def create_invocation(self, record: InvocationRecord, *, ttl: float) -> Lease:
+        return await self._run(partial(_sql.create_invocation, record=record, ttl=ttl), write=True)
+
+    async def get_invocation(self, invocation_id: str) -> InvocationRecord:
+        return await self._run(
+            partial(_sql.get_invocation, invocation_id=invocation_id), write=False
+        )
+
+    async def list_invocations(
+        self, *, status: InvocationStatus | None = None, limit: int = 100
+    ) -> list[InvocationRecord]:
+        return await self._run(
+            partial(_sql.list_invocations, status=status, limit=limit), write=False
+        )
+
+    async def acquire_lease(self, invocation_id: str, *, owner: str, ttl: float) -> Lease:
+        return await self._run(
+            partial(_sql.acquire_lease, invocation_id=invocation_id, owner=owner, ttl=ttl),
+            write=True,
+        )
+
+    async def renew_lease(self, lease: Lease, *, ttl: float) -> Lease:
+        return await self._run(partial(_sql.renew_lease, lease=lease, ttl=ttl), write=True)
+
+    async def append_events(self, lease: Lease, events: Sequence[Event]) -> None:
+        await self._run(partial(_sql.append_events, lease=lease, events=list(events)), write=True)
+
+    async def load_events(self, invocation_id: str, *, after_seq: int = 0) -> list[Event]:
+        return await self._run(
+            partial(_sql.load_events, invocation_id=invocation_id, after_seq=after_seq),
+            write=False,
+        )
+
+    async def request_cancel(self, request: CancelRequest) -> bool:
+        return await self._run(partial(_sql.request_cancel, request=request), write=True)
+
+    async def cancel_requests(self, invocation_ids: Sequence[str]) -> list[CancelRequest]:
+        return await self._run(
+            partial(_sql.cancel_requests, invocation_ids=list(invocation_ids)), write=False
+        )
+
+    # See Store.wait_for_cancel_requests: `timeout` is a poll interval, not a deadline.
+    async def wait_for_cancel_requests(self, *, timeout: float) -> None:  # noqa: ASYNC109
+        """Sleep ``timeout`` seconds: SQLite cannot wake us, so the caller polls."""
+        await trio.sleep(timeout)
+
+    async def create_session(
+        self,
+        session_id: str,
+        *,
+        user_id: str | None = None,
+        state: Mapping[str, JSON] | None = None,
+    ) -> Session:
+        return await self._run(
+            partial(_sql.create_session, session_id=session_id, user_id=user_id, state=state),
+            write=True,
+        )
+
+    async def get_session(self, session_id: str) -> Session:
+        return await self._run(partial(_sql.get_session, session_id=session_id), write=False)
+
+    async def append_session_entry(self, session_id: str, entry: SessionEntry) -> Session:
+        return await self._run(
+            partial(_sql.append_session_entry, session_id=session_id, entry=entry), write=True
+        )

@@ -1,0 +1,55 @@
+"""``python -m trio_agents.testing``: run the fake OpenAI-compatible server as its own process.
+
+Benchmarks use it so the server's CPU and memory are not counted with the client's.  The model
+name of each request says what to stream: ``"tokens=20,delay=0.005,first=0"`` streams 20
+one-word tokens, ``delay`` seconds apart, after ``first`` seconds.  The server binds a free port
+on 127.0.0.1, prints ``PORT <n>`` once it listens, and serves until it is interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from functools import partial
+from typing import Any
+
+import trio
+
+from ._server import FakeServer, ResponsePlan
+from .openai import openai_stream, serve_fake_openai_server
+
+
+def plan_from_model_name(body: Any) -> ResponsePlan:
+    """Read ``tokens=N,delay=S,first=S`` from the request's model name."""
+    return _plan(str(body.get("model", "")) if isinstance(body, dict) else "")
+
+
+@functools.lru_cache(maxsize=64)
+def _plan(spec: str) -> ResponsePlan:
+    # Plans are immutable: build each once, not on every request (a long one costs real CPU).
+    options = dict(item.split("=", 1) for item in spec.split(",") if "=" in item)
+    tokens = int(options.get("tokens", 20))
+    delay = float(options.get("delay", 0))
+    first = float(options.get("first", delay))
+    return openai_stream([f"tok{i} " for i in range(tokens)], delay=delay, first_delay=first)
+
+
+async def _main() -> None:
+    async with trio.open_nursery() as nursery:
+        server: FakeServer = await nursery.start(
+            partial(serve_fake_openai_server, responder=plan_from_model_name)
+        )
+        print(f"PORT {server.port}", flush=True)
+
+
+def main() -> None:
+    argparse.ArgumentParser(prog="python -m trio_agents.testing", description=__doc__).parse_args()
+    try:
+        trio.run(_main)
+    except KeyboardInterrupt:
+        sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
