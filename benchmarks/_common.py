@@ -1,0 +1,109 @@
+"""Shared pieces of the benchmarks: the fake server in its own process, statistics, a bare client.
+
+The bare client is what a careful engineer would write with httpx2 alone: a streamed POST whose
+SSE lines are parsed as JSON, owned by ``async with``, cancelled by its own cancel scope.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx2
+import trio
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
+@contextmanager
+def server_process() -> Iterator[str]:
+    """Start ``python -m trio_agents.testing`` and yield its base URL; stop it afterwards."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trio_agents.testing"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line.startswith("PORT "):
+            raise RuntimeError(f"the fake server did not start: {line!r}")
+        yield f"http://127.0.0.1:{int(line.split()[1])}/v1"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    if not ordered:
+        return {"p50": float("nan"), "p99": float("nan"), "max": float("nan")}
+
+    def pick(q: float) -> float:
+        return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+    return {"p50": statistics.median(ordered), "p99": pick(0.99), "max": ordered[-1]}
+
+
+def chat_body(model: str, prompt: str = "hi") -> dict[str, Any]:
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+async def bare_stream(
+    client: httpx2.AsyncClient, base_url: str, model: str, on_chunk: Any = None
+) -> str:
+    """Stream one chat completion with httpx2 alone; return the text.
+
+    On cancel the response is closed and its line iterator run out, the same workaround for
+    httpx2's unclosed inner async generator (encode/httpx#3686) that trio_agents applies: without
+    it, a client whose streams are cancelled mid-read stops serving new requests.
+    """
+    parts: list[str] = []
+    async with client.stream(
+        "POST",
+        f"{base_url}/chat/completions",
+        json=chat_body(model),
+        headers={"authorization": "Bearer bench"},
+    ) as response:
+        response.raise_for_status()
+        lines = response.aiter_lines()
+        try:
+            async for line in lines:
+                if not line.startswith("data: "):
+                    continue
+                data = line[6:]
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                for choice in chunk.get("choices", []):
+                    text = choice.get("delta", {}).get("content")
+                    if text:
+                        parts.append(text)
+                        if on_chunk is not None:
+                            on_chunk()
+        finally:
+            with trio.CancelScope(shield=True):
+                await response.aclose()
+                with contextlib.suppress(httpx2.HTTPError, httpx2.StreamError):
+                    async for _ in lines:
+                        pass
+    return "".join(parts)
