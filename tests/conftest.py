@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import Any, cast
 
+import attrs
 import pytest
+
+from trio_agents.stores import MemoryStore, PostgresStore, SQLiteStore, Store
 
 # ==== stores: the PostgreSQL server and a fresh schema per test ================================
 # Used by tests/test_stores.py and by any test that wants a real PostgreSQL.
@@ -53,6 +59,98 @@ def postgres_schema(postgres_url: str) -> Iterator[str]:
     schema = f"ta_test_{uuid.uuid4().hex[:16]}"
     yield schema
     _drop_schema(postgres_url, schema)
+
+
+# ==== one store of each kind, for tests that run on all of them ============================
+
+
+@attrs.define
+class FakeClock:
+    """The store's clock, moved by hand."""
+
+    now: float = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@attrs.define
+class StoreCase:
+    """A store under test, its clock, and how to open another store on the same data."""
+
+    kind: str
+    store: Store
+    clock: FakeClock
+    twin: Callable[[], AbstractAsyncContextManager[Store]]
+    postgres_url: str | None = None
+
+    async def raw(self, *statements: str | tuple[str, Any]) -> list[tuple[Any, ...]]:
+        """Raw SQL (``?`` placeholders) in one transaction, past every check of the store."""
+        assert isinstance(self.store, (SQLiteStore, PostgresStore)), "SQL stores only"
+        return await self.store._execute(*statements)
+
+
+MEMORY = pytest.param("memory", id="memory")
+SQLITE = pytest.param("sqlite", id="sqlite")
+POSTGRES = pytest.param("postgres", id="postgres", marks=pytest.mark.postgres)
+
+
+def only(*kinds: Any) -> pytest.MarkDecorator:
+    """Run a test on these stores only (``MEMORY``, ``SQLITE``, ``POSTGRES``)."""
+    return pytest.mark.parametrize("store_kind", kinds, indirect=True)
+
+
+@pytest.fixture(params=[MEMORY, SQLITE, POSTGRES])
+def store_kind(request: pytest.FixtureRequest) -> str:
+    kind: str = request.param
+    return kind
+
+
+@pytest.fixture
+def postgres_target(store_kind: str, request: pytest.FixtureRequest) -> tuple[str, str] | None:
+    """(url, fresh schema) for the PostgreSQL case: skips or fails if the server is away."""
+    if store_kind != "postgres":
+        return None
+    url: str = request.getfixturevalue("postgres_url")
+    schema: str = request.getfixturevalue("postgres_schema")
+    return url, schema
+
+
+@pytest.fixture
+async def case(
+    store_kind: str, postgres_target: tuple[str, str] | None, tmp_path: Path
+) -> AsyncIterator[StoreCase]:
+    clock = FakeClock()
+    store: Store
+    twin: Callable[[], AbstractAsyncContextManager[Store]]
+    if store_kind == "memory":
+        store = MemoryStore(clock=clock)
+
+        @asynccontextmanager
+        async def same_store() -> AsyncIterator[Store]:
+            yield store
+
+        twin = same_store
+    elif store_kind == "sqlite":
+        path = tmp_path / "stores" / "agents.db"
+        store = SQLiteStore(path, clock=clock)
+        twin = lambda: SQLiteStore(path, clock=clock)  # noqa: E731
+    else:
+        assert postgres_target is not None
+        url, schema = postgres_target
+        store = PostgresStore(url, schema=schema, clock=clock)
+        twin = lambda: PostgresStore(url, schema=schema, clock=clock)  # noqa: E731
+    async with cast(AbstractAsyncContextManager[Store], store):
+        yield StoreCase(
+            kind=store_kind,
+            store=store,
+            clock=clock,
+            twin=twin,
+            postgres_url=postgres_target[0] if postgres_target else None,
+        )
 
 
 # ==== end of the stores block =====================================================================

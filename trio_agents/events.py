@@ -186,6 +186,7 @@ class CancelRequested:
     at: float
     mode: CancelMode
     reason: str | None = None
+    by: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -207,6 +208,7 @@ class InvocationEnded:
     usage: Usage = Usage()
     checkpoint_id: str | None = None
     cancel_requested: bool = False
+    cancelled_by: str | None = None
 
 
 Event: TypeAlias = (

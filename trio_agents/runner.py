@@ -28,6 +28,7 @@ What is persisted first
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -39,7 +40,7 @@ from typing import Any, Final, Literal, TypeAlias, TypeVar
 import attrs
 import trio
 
-from ._exceptions import InvocationNotFound, StoreError, UsageError
+from ._exceptions import InvocationNotFound, LeaseError, SessionNotFound, StoreError, UsageError
 from .agents._context import AgentLike, Phase, StopRequested
 from .events import (
     CancelRequested,
@@ -55,11 +56,21 @@ from .events import (
     ToolCallStarted,
     TurnFinished,
 )
-from .messages import ModelResponse, ToolCall, ToolResult, Usage
-from .stores._base import InvocationRecord, Lease, Store
+from .messages import (
+    AssistantMessage,
+    Message,
+    ModelResponse,
+    ToolCall,
+    ToolResult,
+    Usage,
+    UserMessage,
+)
+from .stores._base import CancelRequest, InvocationRecord, Lease, SessionEntry, Store
 from .stores._open import open_store
 
 __all__ = ["CancelMode", "EventStream", "Invocation", "Outcome", "Runner"]
+
+logger = logging.getLogger("trio_agents.runner")
 
 CancelMode: TypeAlias = Literal["after_turn", "after_tools", "immediate"]
 _STRENGTH: Final[dict[str, int]] = {"after_turn": 1, "after_tools": 2, "immediate": 3}
@@ -81,6 +92,8 @@ class Outcome:
             not be written; ``store_error`` then says why).
         cancel_requested: a cancel was asked for, whichever way the race with completion went.
         cancel_mode: the strongest mode asked for.
+        cancelled_by: who asked first (``by=`` of the cancel, or the process that persisted a
+            cancel request), when they said.
     """
 
     invocation_id: str
@@ -93,6 +106,7 @@ class Outcome:
     checkpoint_id: str | None = None
     cancel_requested: bool = False
     cancel_mode: CancelMode | None = None
+    cancelled_by: str | None = None
     store_error: str | None = None
 
 
@@ -141,6 +155,10 @@ class _Context:
     @property
     def user_id(self) -> str | None:
         return self._inv.user_id
+
+    @property
+    def history(self) -> Sequence[Message]:
+        return self._inv._history
 
     def child(self, step: str, input: str) -> _Context:
         if not step or "/" in step:
@@ -252,6 +270,8 @@ class Invocation:
         self._stream_scopes: set[trio.CancelScope] = set()
         self._mode: CancelMode | None = None
         self._reason: str | None = None
+        self._cancelled_by: str | None = None
+        self._history: list[Message] = []
         self._lease = lease
         self._seq = last_seq
         # Earlier runs' terminal events stay in the store; the live log shows this run's end only.
@@ -302,8 +322,11 @@ class Invocation:
         *,
         reason: str | None = None,
         grace: float | None = None,
+        by: str | None = None,
     ) -> bool:
         """Ask the invocation to stop.  Sync, idempotent, safe from any thread.
+
+        ``reason`` and ``by`` (who asks) are recorded in the outcome; the first given is kept.
 
         Returns ``False`` if the invocation has already ended (a no-op), else ``True``.
         Raises :class:`~trio_agents.UsageError` for an unknown mode or a negative grace.
@@ -321,25 +344,31 @@ class Invocation:
         except RuntimeError:
             here = False
         if here:
-            self._apply_cancel(mode, reason, grace)
+            self._apply_cancel(mode, reason, grace, by)
         else:
             try:
-                self._token.run_sync_soon(self._apply_cancel, mode, reason, grace)
+                self._token.run_sync_soon(self._apply_cancel, mode, reason, grace, by)
             except trio.RunFinishedError:
                 return False
         return True
 
     # ---- cancel ---------------------------------------------------------------------------
 
-    def _apply_cancel(self, mode: CancelMode, reason: str | None, grace: float | None) -> None:
+    def _apply_cancel(
+        self, mode: CancelMode, reason: str | None, grace: float | None, by: str | None = None
+    ) -> None:
         if self._outcome is not None:
             return
         if self._reason is None:
             self._reason = reason
+        if self._cancelled_by is None:
+            self._cancelled_by = by
         stronger = self._mode is None or _STRENGTH[mode] > _STRENGTH[self._mode]
         if stronger:
             self._mode = mode
-            self._publish(self._stamp(CancelRequested, mode=mode, reason=self._reason))
+            self._publish(
+                self._stamp(CancelRequested, mode=mode, reason=self._reason, by=self._cancelled_by)
+            )
         if self._mode == "immediate":
             self._scope.cancel(reason=self._reason)
         elif self._mode == "after_tools":
@@ -421,6 +450,8 @@ class Invocation:
                 owner=runner.owner,
             )
             self._lease = await runner.store.create_invocation(record, ttl=runner.lease_ttl)
+        if self.session_id is not None:
+            self._history = await self._load_history(self.session_id)
         await self._record(
             InvocationStarted,
             agent=self.agent.name,
@@ -430,6 +461,43 @@ class Invocation:
             resumed=self.resumed,
         )
         return await self.agent.run(self._ctx)
+
+    async def _load_history(self, session_id: str) -> list[Message]:
+        """The session's earlier messages; the session is created on first use."""
+        store = self._runner.store
+        try:
+            session = await store.get_session(session_id)
+        except SessionNotFound:
+            session = await store.create_session(session_id, user_id=self.user_id)
+        return [
+            e.message
+            for e in session.entries
+            if e.message is not None and e.invocation_id != self.id
+        ]
+
+    async def _append_to_session(self, session_id: str, output: str) -> None:
+        """Add this completed invocation's question and answer to its session."""
+        store = self._runner.store
+        session = await store.get_session(session_id)
+        seq = session.last_seq
+        await store.append_session_entry(
+            session_id,
+            SessionEntry(
+                seq=seq + 1,
+                author="user",
+                invocation_id=self.id,
+                message=UserMessage(text=self.input),
+            ),
+        )
+        await store.append_session_entry(
+            session_id,
+            SessionEntry(
+                seq=seq + 2,
+                author=self.agent.name,
+                invocation_id=self.id,
+                message=AssistantMessage(text=output),
+            ),
+        )
 
     async def _finish(self, status: Status, output: str, error: BaseException | None) -> None:
         if status != "completed":
@@ -450,6 +518,7 @@ class Invocation:
                 usage=self._usage,
                 checkpoint_id=f"{self.id}:{self._seq + 1}",
                 cancel_requested=self._mode is not None,
+                cancelled_by=self._cancelled_by,
             )
             try:
                 if self._lease is None:  # cancelled before the record was created
@@ -464,6 +533,8 @@ class Invocation:
                     self._lease = await self._runner.store.create_invocation(
                         record, ttl=self._runner.lease_ttl
                     )
+                if status == "completed" and self.session_id is not None:
+                    await self._append_to_session(self.session_id, output)
                 await self._runner.store.append_events(self._lease, [ended])
                 checkpoint_id = ended.checkpoint_id
             except (StoreError, UsageError) as exc:
@@ -484,6 +555,7 @@ class Invocation:
             checkpoint_id=checkpoint_id,
             cancel_requested=self._mode is not None,
             cancel_mode=self._mode,
+            cancelled_by=self._cancelled_by,
             store_error=store_error,
         )
         self._publish(ended)
@@ -502,6 +574,9 @@ class Runner:
         owner: this process's name in leases (default: host, pid and a random suffix).
         lease_ttl: seconds a lease lasts; it is renewed every third of that while running.
         cleanup_timeout: the deadline of the shielded terminal write.
+        cancel_poll_interval: how often (at most) the store is asked for cancel requests made
+            by other processes.  Stores that can push them (memory, PostgreSQL's
+            LISTEN/NOTIFY) wake the runner at once; SQLite is polled at this interval.
     """
 
     def __init__(
@@ -512,9 +587,13 @@ class Runner:
         owner: str | None = None,
         lease_ttl: float = 30.0,
         cleanup_timeout: float = 5.0,
+        cancel_poll_interval: float = 1.0,
     ) -> None:
-        if lease_ttl <= 0 or cleanup_timeout <= 0:
-            raise UsageError("lease_ttl and cleanup_timeout must be positive numbers of seconds")
+        if lease_ttl <= 0 or cleanup_timeout <= 0 or cancel_poll_interval <= 0:
+            raise UsageError(
+                "lease_ttl, cleanup_timeout and cancel_poll_interval must be positive seconds"
+            )
+        self.cancel_poll_interval = cancel_poll_interval
         self._store_spec = store
         self._agents: dict[str, AgentLike] = {a.name: a for a in agents}
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -538,6 +617,7 @@ class Runner:
             self._store = await stack.enter_async_context(open_store(self._store_spec))
             system = await stack.enter_async_context(trio.open_nursery())
             system.start_soon(self._renew_leases)
+            system.start_soon(self._watch_cancel_requests)
             # Exits run in reverse: the invocations' nursery is left first (waiting for them),
             # then the background tasks are cancelled, then the store is closed.
             stack.callback(system.cancel_scope.cancel)
@@ -669,6 +749,33 @@ class Runner:
             return False
         return inv.cancel(mode, reason=reason, grace=grace)
 
+    async def request_cancel(
+        self,
+        invocation_id: str,
+        mode: CancelMode = "immediate",
+        *,
+        reason: str | None = None,
+        by: str | None = None,
+    ) -> bool:
+        """Cancel an invocation wherever it runs: here at once, elsewhere through the store.
+
+        The owning runner (any process sharing the store) picks the request up and records
+        ``reason`` and ``by`` in the outcome.  ``False`` if the store knows no running
+        invocation with that id.
+        """
+        if mode not in _STRENGTH:
+            raise UsageError(
+                f"unknown cancel mode {mode!r}; use 'after_turn', 'after_tools' or 'immediate'"
+            )
+        by = by or self.owner
+        inv = self._active.get(invocation_id)
+        if inv is not None:
+            return inv.cancel(mode, reason=reason, by=by)
+        request = CancelRequest(
+            invocation_id=invocation_id, mode=mode, reason=reason, requested_by=by
+        )
+        return await self.store.request_cancel(request)
+
     def cancel_all(
         self,
         mode: CancelMode = "immediate",
@@ -693,5 +800,24 @@ class Runner:
                     continue
                 try:
                     inv._lease = await self.store.renew_lease(lease, ttl=self.lease_ttl)
-                except StoreError as exc:
+                except LeaseError as exc:
                     inv.cancel("immediate", reason=f"lease lost: {exc}")
+                except StoreError as exc:  # down for now: try again next round
+                    logger.warning("could not renew the lease of %s: %s", inv.id, exc)
+
+    async def _watch_cancel_requests(self) -> None:
+        """Apply cancel requests that other processes persisted for invocations running here."""
+        while True:
+            try:
+                await self.store.wait_for_cancel_requests(timeout=self.cancel_poll_interval)
+                if not self._active:
+                    continue
+                requests = await self.store.cancel_requests(list(self._active))
+            except StoreError as exc:  # the store is down: keep running, ask again later
+                logger.warning("could not read cancel requests: %s", exc)
+                await trio.sleep(self.cancel_poll_interval)
+                continue
+            for request in requests:
+                inv = self._active.get(request.invocation_id)
+                if inv is not None:
+                    inv.cancel(request.mode, reason=request.reason, by=request.requested_by)

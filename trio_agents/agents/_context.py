@@ -13,7 +13,7 @@ from typing import Literal, Protocol, TypeAlias
 import trio
 
 from ..events import Event
-from ..messages import ModelResponse, ToolCall, ToolResult
+from ..messages import Message, ModelResponse, ToolCall, ToolResult
 
 __all__ = ["AgentLike", "Phase", "RunContext", "StopRequested"]
 
@@ -38,6 +38,11 @@ class RunContext(Protocol):
 
     @property
     def input(self) -> str: ...
+
+    @property
+    def history(self) -> Sequence[Message]:
+        """Earlier messages of the session this invocation belongs to (empty without one)."""
+        ...
 
     @property
     def path(self) -> str:

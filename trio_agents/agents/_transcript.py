@@ -33,9 +33,16 @@ class Transcript:
     usage: Usage = Usage()
 
     @classmethod
-    def replay(cls, user_input: str, journal: Sequence[Event], path: str = "") -> Transcript:
-        """Rebuild from the journal's events of ``path`` (other steps' events are skipped)."""
-        transcript = cls(messages=[UserMessage(text=user_input)])
+    def replay(
+        cls,
+        user_input: str,
+        journal: Sequence[Event],
+        path: str = "",
+        history: Sequence[Message] = (),
+    ) -> Transcript:
+        """Rebuild from the journal's events of ``path`` (other steps' events are skipped),
+        after the session's earlier messages (``history``)."""
+        transcript = cls(messages=[*history, UserMessage(text=user_input)])
         for event in journal:
             if getattr(event, "path", None) != path:
                 continue

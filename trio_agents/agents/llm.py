@@ -114,7 +114,7 @@ class Agent:
         :class:`~trio_agents.MaxTurnsExceeded`, or the model's
         :class:`~trio_agents.ModelError`.  ``trio.Cancelled`` passes through untouched.
         """
-        transcript = Transcript.replay(ctx.input, ctx.journal, ctx.path)
+        transcript = Transcript.replay(ctx.input, ctx.journal, ctx.path, ctx.history)
         while True:
             last = transcript.last
             if last is not None:
