@@ -19,7 +19,7 @@ from trio_agents.models import ScriptedModel, ScriptedTurn
 from trio_agents.runner import Runner
 from trio_agents.tools import tool
 
-from .conftest import StoreCase
+from .conftest import POSTGRES, SQLITE, StoreCase, only
 
 
 def waiting_agent() -> Agent:
@@ -127,3 +127,40 @@ async def test_resume_unknown_id(case: StoreCase) -> None:
 async def test_request_cancel_unknown_id_is_false(case: StoreCase) -> None:
     async with Runner(store=case.store) as runner:
         assert await runner.request_cancel("nope") is False
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "future"])
+@only(SQLITE, POSTGRES)
+async def test_resume_of_a_damaged_checkpoint_is_a_clear_error(
+    case: StoreCase, damage: str
+) -> None:
+    """A corrupt or future-version journal row: CorruptRecordError; nothing else is damaged."""
+    model = ScriptedModel(["one", "two"])
+    agent = Agent(name="a", model=model)
+    with trio.fail_after(20):
+        async with Runner(store=case.store) as runner:
+            damaged = runner.start(agent, "first")
+            await damaged.wait()
+            healthy = await runner.run(agent, "second")
+    bad = '{"v": 2, "kind": "ended"}' if damage == "future" else '{"v": 1, "kind": '
+    await case.raw(
+        ("UPDATE invocations SET status = 'cancelled' WHERE id = ?", (damaged.id,)),
+        ("UPDATE events SET data = ? WHERE invocation_id = ? AND seq = 1", (bad, damaged.id)),
+    )
+    async with Runner(store=case.store) as runner:
+        with pytest.raises(ta.CorruptRecordError, match=damaged.id) as info:
+            await runner.resume(damaged.id, agent=agent)
+    if damage == "future":
+        assert "newer" in str(info.value)
+    other = await case.store.load_events(healthy.invocation_id)
+    assert other[-1].kind == "ended"  # the other invocation's journal still loads
+
+
+async def test_store_that_is_down_fails_clearly_at_open() -> None:
+    """Nothing listens on the port: opening the runner fails fast, naming host and port."""
+    with trio.socket.socket() as sock:
+        await sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with trio.fail_after(20), pytest.raises(ta.StoreUnavailableError, match=f"127.0.0.1:{port}"):
+        async with Runner(store=f"postgresql://postgres@127.0.0.1:{port}/test"):
+            pass
