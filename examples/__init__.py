@@ -1,0 +1,1 @@
+"""Runnable examples: ``trio-agents run examples.weather:agent "..."``."""
