@@ -13,7 +13,7 @@ import platform
 import statistics
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -69,19 +69,27 @@ def chat_body(model: str, prompt: str = "hi") -> dict[str, Any]:
 
 
 async def bare_stream(
-    client: httpx2.AsyncClient, base_url: str, model: str, on_chunk: Any = None
+    client: httpx2.AsyncClient,
+    base_url: str,
+    model: str,
+    on_chunk: Callable[[], object] | None = None,
+    *,
+    prompt: str = "hi",
 ) -> str:
     """Stream one chat completion with httpx2 alone; return the text.
 
+    The request body is the one trio_agents' ``OpenAIChat`` sends for a single user ``prompt``,
+    so the server can tell requests apart by their prompt.  ``on_chunk()`` runs per text delta.
+
     On cancel the response is closed and its line iterator run out, the same workaround for
-    httpx2's unclosed inner async generator (encode/httpx#3686) that trio_agents applies: without
-    it, a client whose streams are cancelled mid-read stops serving new requests.
+    httpx2's unclosed inner async generator (encode/httpx#3686) that trio_agents applies, so both
+    sides of a benchmark do the same closing work (and no generator is left to the collector).
     """
     parts: list[str] = []
     async with client.stream(
         "POST",
         f"{base_url}/chat/completions",
-        json=chat_body(model),
+        json=chat_body(model, prompt),
         headers={"authorization": "Bearer bench"},
     ) as response:
         response.raise_for_status()

@@ -171,7 +171,12 @@ class FakeServer:
         self._plans.extend(plans)
 
     async def wait_until(self, predicate: Callable[[], bool]) -> None:
-        """Wait until ``predicate()`` is true; it is checked whenever a record changes."""
+        """Wait until ``predicate()`` is true; it is checked whenever a record changes.
+
+        Every change to a record notifies: a connection opening or closing, a request arriving,
+        its response starting, each chunk written, its completion, a disconnect.  A predicate
+        on anything else (the clock, the client's state) may never be re-checked.
+        """
         while not predicate():
             await self._changed.wait()
 
@@ -204,6 +209,7 @@ class FakeServer:
     async def _handle(self, stream: trio.SocketStream) -> None:
         record = ConnectionRecord(index=len(self.connections), opened_at=trio.current_time())
         self.connections.append(record)
+        self._notify()
         conn = h11.Connection(h11.SERVER)
         try:
             while True:
@@ -300,14 +306,17 @@ class FakeServer:
             )
             await stream.send_all(conn.send(head) or b"")
             record.response_started_at = trio.current_time()
+            self._notify()
             for delay, data in plan.parts:
                 if delay > 0:
                     await trio.sleep(delay)
                 await stream.send_all(conn.send(h11.Data(data=data)) or b"")
                 record.chunks_written += 1
+                self._notify()
             if plan.ending == "close":
                 await stream.send_all(conn.send(h11.EndOfMessage()) or b"")
                 record.completed = True
+                self._notify()
                 return True
             if plan.ending == "stall":
                 await trio.sleep_forever()
