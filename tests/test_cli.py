@@ -1,0 +1,120 @@
+"""The `trio-agents` command, run as a real subprocess (the installed console script)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from trio_agents.testing import open_fake_openai_server, openai_stream
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def command() -> list[str]:
+    script = shutil.which("trio-agents")
+    return [script] if script else [sys.executable, "-m", "trio_agents.cli"]
+
+
+@pytest.mark.slow
+async def test_readme_demo_runs_offline(tmp_path: Path) -> None:
+    """`trio-agents demo`: three scenes, the server saw the disconnect after the cancel."""
+    env = {**os.environ, "OPENAI_API_KEY": "", "OPENAI_BASE_URL": "http://127.0.0.1:9/none"}
+    with trio.fail_after(60):
+        done = await trio.run_process(
+            [*command(), "demo"], cwd=tmp_path, env=env, capture_stdout=True, check=False
+        )
+    out = done.stdout.decode()
+    assert done.returncode == 0, out
+    assert "Hello! I am streamed token by token over real HTTP." in out
+    assert "Sunny and 21 °C in Paris" in out
+    assert "outcome: cancelled (reason: user pressed stop)" in out
+    assert "client disconnect observed" in out
+    assert "ms after cancel()" in out
+    assert "never" not in out
+
+
+@pytest.mark.slow
+async def test_run_streams_an_answer_from_a_real_endpoint(tmp_path: Path) -> None:
+    """`trio-agents run examples.weather:agent ...` against an OpenAI-compatible server."""
+    async with open_fake_openai_server() as server:
+        server.enqueue(openai_stream(["Wear ", "a ", "raincoat."]))
+        env = {
+            **os.environ,
+            "OPENAI_API_KEY": "sk-test",
+            "OPENAI_BASE_URL": server.base_url,
+            "PYTHONPATH": str(ROOT),
+        }
+        store = f"sqlite:///{tmp_path / 'agents.db'}"
+        with trio.fail_after(60):
+            done = await trio.run_process(
+                [*command(), "run", "examples.weather:agent", "Paris?", "--store", store],
+                cwd=tmp_path,
+                env=env,
+                capture_stdout=True,
+                check=False,
+            )
+    out = done.stdout.decode()
+    assert done.returncode == 0, out
+    assert "Wear a raincoat." in out
+    assert "completed" in out
+    assert server.requests[0].headers["authorization"] == "Bearer sk-test"
+
+
+@pytest.mark.slow
+async def test_ctrl_c_cancels_the_invocation(tmp_path: Path) -> None:
+    """SIGINT mid-stream: the invocation ends cancelled, the server sees the disconnect."""
+    async with open_fake_openai_server() as server:
+        server.enqueue(openai_stream([f"word{i} " for i in range(1000)], delay=0.05))
+        env = {
+            **os.environ,
+            "OPENAI_API_KEY": "sk-test",
+            "OPENAI_BASE_URL": server.base_url,
+            "PYTHONPATH": str(ROOT),
+        }
+        store = f"sqlite:///{tmp_path / 'agents.db'}"
+        proc = await trio.lowlevel.open_process(
+            [*command(), "run", "examples.weather:agent", "Paris?", "--store", store],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+        )
+        try:
+            with trio.fail_after(60):
+                await server.wait_until(
+                    lambda: bool(server.requests) and server.requests[0].chunks_written > 5
+                )
+                proc.send_signal(signal.SIGINT)
+                await server.wait_disconnect(1)
+                assert proc.stdout is not None
+                out = b""
+                while chunk := await proc.stdout.receive_some():
+                    out += chunk
+                code = await proc.wait()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    text = out.decode()
+    assert code == 130, text
+    assert "cancelled" in text
+    assert "interrupted (Ctrl-C)" in text
+    assert "word0 word1" in text
+    assert not server.requests[0].completed
+
+
+async def test_run_with_a_bad_agent_spec_is_a_clear_error() -> None:
+    with trio.fail_after(60):
+        done = await trio.run_process(
+            [*command(), "run", "no_such_module:agent", "hi", "--store", "memory://"],
+            capture_stdout=True,
+            check=False,
+        )
+    assert done.returncode == 2
+    assert "cannot import module 'no_such_module'" in done.stdout.decode()
