@@ -1,12 +1,14 @@
 """The hard-cancel contract over real HTTP: what the *model server* observed.
 
-Every test drives ``OpenAIChat`` against the fake OpenAI-compatible server on 127.0.0.1 and
-asserts on the server's own records: when it saw the client disconnect, how many chunks it wrote.
+Every test runs once per wire format - ``OpenAIChat``, ``OpenAIResponses`` and ``Anthropic`` -
+against its fake server on 127.0.0.1, and asserts on the server's own records: when it saw the
+client disconnect, how many chunks it wrote.  Each plan sends its head (role chunk,
+``response.created``, ``message_start``) as one part, then one part per token.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -16,24 +18,25 @@ import trio_agents as ta
 from trio_agents.agents import Agent
 from trio_agents.events import ToolCallFinished, TurnFinished
 from trio_agents.messages import ToolCall
-from trio_agents.models import OpenAIChat
 from trio_agents.runner import CancelMode, Invocation, Outcome, Runner
-from trio_agents.testing import FakeServer, ResponsePlan, open_fake_openai_server, openai_stream
+from trio_agents.testing import FakeServer, ResponsePlan
 
 from ._helpers import live_task_names, terminal_events
+from ._wire import WIRE_IDS, WIRES, Wire
 from .test_runner import MODES, ToolProbe
 
-Responder = Callable[[Any], ResponsePlan]
+
+@pytest.fixture(params=WIRES, ids=WIRE_IDS)
+def wire(request: pytest.FixtureRequest) -> Wire:
+    """Each test runs once per wire format."""
+    selected: Wire = request.param
+    return selected
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[FakeServer]:
-    async with open_fake_openai_server() as srv:
+async def server(wire: Wire) -> AsyncIterator[FakeServer]:
+    async with wire.server() as srv:
         yield srv
-
-
-def model_for(server: FakeServer) -> OpenAIChat:
-    return OpenAIChat("fake-model", base_url=server.base_url, api_key="test-key")
 
 
 async def run_and_cancel(
@@ -62,12 +65,14 @@ def call(name: str, index: int = 0) -> ToolCall:
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_http_cancel_before_first_token(
-    server: FakeServer, mode: CancelMode, autojump_clock: trio.abc.Clock
+    wire: Wire, server: FakeServer, mode: CancelMode, autojump_clock: trio.abc.Clock
 ) -> None:
+    """Cancelled while the server holds back the first token: the server sees us leave then
+    (a safe-point mode lets the turn and its tool finish instead)."""
     probe = ToolProbe()
-    server.enqueue(openai_stream(["Look", "ing"], tool_calls=[call("lookup")], first_delay=10))
-    server.enqueue(openai_stream("done"))
-    async with model_for(server) as model:
+    server.enqueue(wire.stream(["Look", "ing"], tool_calls=[call("lookup")], first_delay=10))
+    server.enqueue(wire.stream("done"))
+    async with wire.model(server) as model:
         agent = Agent(name="h", model=model, tools=[probe.slow("lookup", 10)])
         _, outcome, _ = await run_and_cancel(server, agent, at=5, mode=mode)
     first = server.requests[0]
@@ -79,16 +84,18 @@ async def test_http_cancel_before_first_token(
     else:
         assert first.disconnected_at is not None
         assert first.disconnected_at - first.opened_at == pytest.approx(5, abs=0.01)
-        assert first.chunks_written <= 1  # the role chunk only: no token was sent
+        assert first.chunks_written <= 1  # the head only: no token was sent
         assert probe.started == []
 
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_http_cancel_mid_stream(
-    server: FakeServer, mode: CancelMode, autojump_clock: trio.abc.Clock
+    wire: Wire, server: FakeServer, mode: CancelMode, autojump_clock: trio.abc.Clock
 ) -> None:
-    server.enqueue(openai_stream([f"w{i} " for i in range(20)], delay=1))
-    async with model_for(server) as model:
+    """Cancelled between two tokens: the server stops writing at that moment; the partial
+    output is what had arrived."""
+    server.enqueue(wire.stream([f"w{i} " for i in range(20)], delay=1))
+    async with wire.model(server) as model:
         _, outcome, _ = await run_and_cancel(
             server, Agent(name="h", model=model), at=5.5, mode=mode
         )
@@ -100,20 +107,27 @@ async def test_http_cancel_mid_stream(
     else:
         assert outcome.status == "cancelled"
         assert record.disconnected_at is not None
+        assert record.disconnected_at - record.opened_at == pytest.approx(5.5, abs=0.01)
         assert not record.completed
         assert outcome.output == "w0 w1 w2 w3 w4 "  # tokens at t=1..5; the cancel at 5.5
-        assert record.chunks_written == 6  # the role chunk and five tokens, of 20+ planned
+        assert record.chunks_written == 6  # the head and five tokens, of 20+ planned
 
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("names", [("lookup",), ("a", "b", "c")], ids=["one", "parallel"])
 async def test_http_cancel_during_tools(
-    server: FakeServer, mode: CancelMode, names: tuple[str, ...], autojump_clock: trio.abc.Clock
+    wire: Wire,
+    server: FakeServer,
+    mode: CancelMode,
+    names: tuple[str, ...],
+    autojump_clock: trio.abc.Clock,
 ) -> None:
+    """Cancelled while tools run: ``immediate`` cancels them, the safe points let them finish;
+    no further model request either way."""
     probe = ToolProbe()
-    server.enqueue(openai_stream(tool_calls=[call(n, i) for i, n in enumerate(names)]))
-    server.enqueue(openai_stream("never"))
-    async with model_for(server) as model:
+    server.enqueue(wire.stream(tool_calls=[call(n, i) for i, n in enumerate(names)]))
+    server.enqueue(wire.stream("never"))
+    async with wire.model(server) as model:
         agent = Agent(name="h", model=model, tools=[probe.slow(n, 10) for n in names])
         _, outcome, events = await run_and_cancel(server, agent, at=5, mode=mode)
     assert outcome.status == "cancelled"
@@ -129,14 +143,17 @@ async def test_http_cancel_during_tools(
 
 
 @pytest.mark.parametrize("mode", MODES)
-async def test_http_cancel_between_turns(mode: CancelMode, autojump_clock: trio.abc.Clock) -> None:
+async def test_http_cancel_between_turns(
+    wire: Wire, mode: CancelMode, autojump_clock: trio.abc.Clock
+) -> None:
+    """Cancelled just as the second turn's request arrives: only ``after_turn`` lets it run."""
     holder: list[Invocation] = []
 
     def responder(body: Any) -> ResponsePlan:
-        if body["messages"][-1]["role"] != "tool":
-            return openai_stream(tool_calls=[ToolCall(id="c", name="quick", arguments="{}")])
+        if not wire.last_is_tool_output(body):
+            return wire.stream(tool_calls=[ToolCall(id="c", name="quick", arguments="{}")])
         holder[0].cancel(mode, reason="between")  # the second request has just arrived
-        return openai_stream(["final ", "answer"], delay=1)
+        return wire.stream(["final ", "answer"], delay=1)
 
     @ta.tool
     async def quick() -> str:
@@ -144,8 +161,8 @@ async def test_http_cancel_between_turns(mode: CancelMode, autojump_clock: trio.
         return "42"
 
     async with (
-        open_fake_openai_server(responder=responder) as server,
-        model_for(server) as model,
+        wire.server(responder=responder) as server,
+        wire.model(server) as model,
         Runner() as runner,
     ):
         inv = runner.start(Agent(name="h", model=model, tools=[quick]), "go")
@@ -165,9 +182,10 @@ async def test_http_cancel_between_turns(mode: CancelMode, autojump_clock: trio.
         assert len([e for e in events if isinstance(e, TurnFinished)]) == 1
 
 
-async def test_http_cancel_after_the_end(server: FakeServer) -> None:
-    server.enqueue(openai_stream("hi"))
-    async with model_for(server) as model, Runner() as runner:
+async def test_http_cancel_after_the_end(wire: Wire, server: FakeServer) -> None:
+    """A cancel after completion is refused and changes nothing."""
+    server.enqueue(wire.stream("hi"))
+    async with wire.model(server) as model, Runner() as runner:
         inv = runner.start(Agent(name="h", model=model), "go")
         outcome = await inv.wait()
         assert inv.cancel() is False
@@ -176,12 +194,12 @@ async def test_http_cancel_after_the_end(server: FakeServer) -> None:
     assert server.requests[0].disconnected_at is None
 
 
-async def test_unreachable_server_fails_clearly_without_hanging() -> None:
+async def test_unreachable_server_fails_clearly_without_hanging(wire: Wire) -> None:
     """Nothing listens on the port: the run fails with a connection error naming the URL."""
     with trio.socket.socket() as sock:  # find a port nobody listens on
         await sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    model = OpenAIChat("m", base_url=f"http://127.0.0.1:{port}/v1", api_key="k")
+    model = wire.model_class("m", base_url=f"http://127.0.0.1:{port}", api_key="k")
     async with model, Runner() as runner:
         with trio.fail_after(30):
             outcome = await runner.run(Agent(name="h", model=model), "go")
@@ -192,13 +210,11 @@ async def test_unreachable_server_fails_clearly_without_hanging() -> None:
 
 
 async def test_cancel_during_retry_backoff_ends_at_once(
-    server: FakeServer, autojump_clock: trio.abc.Clock
+    wire: Wire, server: FakeServer, autojump_clock: trio.abc.Clock
 ) -> None:
     """A 429 with Retry-After: 30 puts the model in backoff; a cancel ends it immediately."""
-    from trio_agents.testing import openai_error
-
-    server.enqueue(openai_error(429, "slow down", retry_after=30))
-    async with model_for(server) as model, Runner() as runner:
+    server.enqueue(wire.error(429, "slow down", retry_after=30))
+    async with wire.model(server) as model, Runner() as runner:
         inv = runner.start(Agent(name="h", model=model), "go")
         await server.wait_requests(1)
         await trio.sleep(1)

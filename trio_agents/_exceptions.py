@@ -14,11 +14,13 @@ world outside, and signals are kept apart::
     │   │   ├── BadRequestError            400 / 422 (also "unsupported parameter")
     │   │   ├── NotFoundError              404 (unknown model, wrong base URL)
     │   │   ├── RateLimitError             429
-    │   │   ├── OverloadedError            503 / 529
+    │   │   ├── OverloadedError            503 / 529 (an overload *inside* a 200 stream is a
+    │   │   │                              StreamErrorEvent, code "overloaded_error")
     │   │   └── ServerError                other 5xx
     │   ├── StreamBrokenError              the connection broke after the stream began
     │   ├── MalformedStreamError           bytes that are not the protocol
-    │   └── StreamErrorEvent               an error event inside a 200 stream (Groq, OpenRouter)
+    │   └── StreamErrorEvent               an error event inside a 200 stream (Groq, OpenRouter,
+    │                                      Anthropic, OpenAI Responses)
     ├── ToolError                          raised *by a tool* to send a message back to the model
     ├── MaxTurnsExceeded                   the agent loop ran out of turns
     └── StoreError                         the store could not do what was asked
@@ -173,7 +175,10 @@ class MalformedStreamError(ModelError):
 
 
 class StreamErrorEvent(ModelError):
-    """The server sent an error *inside* a 200 stream (Groq, OpenRouter, Anthropic do this)."""
+    """The server sent an error *inside* a 200 stream (Groq, OpenRouter, Anthropic, OpenAI
+    Responses do this).  ``code`` is the provider's error code or type; part of the turn may
+    have been delivered, so nothing retries it, but ``retryable`` says whether a new attempt
+    could succeed (Anthropic's ``overloaded_error``)."""
 
 
 class ToolError(TrioAgentsError):

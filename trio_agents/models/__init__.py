@@ -6,9 +6,11 @@ from ._base import ReasoningChunk as ReasoningChunk
 from ._base import StreamChunk as StreamChunk
 from ._base import TextChunk as TextChunk
 from ._base import ToolCallChunk as ToolCallChunk
+from ._config import RetryPolicy as RetryPolicy
+from ._config import Timeouts as Timeouts
 from ._http import HTTPProvider as HTTPProvider
-from ._http import RetryPolicy as RetryPolicy
-from ._http import Timeouts as Timeouts
+from .anthropic import Anthropic as Anthropic
 from .openai import OpenAIChat as OpenAIChat
+from .openai_responses import OpenAIResponses as OpenAIResponses
 from .scripted import ScriptedModel as ScriptedModel
 from .scripted import ScriptedTurn as ScriptedTurn

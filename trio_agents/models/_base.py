@@ -63,7 +63,8 @@ StreamChunk: TypeAlias = TextChunk | ReasoningChunk | ToolCallChunk
 
 @runtime_checkable
 class ModelStream(Protocol):
-    """The chunks of one turn.  ``response`` is valid once iteration has ended."""
+    """The chunks of one turn.  ``response`` is valid once iteration has ended;
+    ``partial_text`` is the answer text received so far (what is kept if the turn breaks)."""
 
     def __aiter__(self) -> ModelStream: ...
 
@@ -71,6 +72,9 @@ class ModelStream(Protocol):
 
     @property
     def response(self) -> ModelResponse: ...
+
+    @property
+    def partial_text(self) -> str: ...
 
 
 @runtime_checkable

@@ -1,16 +1,20 @@
-"""HTTP for model adapters: provider config, the one httpx2 error boundary, retries, SSE.
+"""HTTP for model adapters: provider config, the one httpx2 boundary, retries, SSE.
 
 This is the only module of trio_agents that imports ``httpx2``.  It owns:
 
 - :class:`HTTPProvider` - *where and how* to reach a model server (base URL, API key, headers,
   :class:`Timeouts`, :class:`RetryPolicy`, an optional injected ``httpx2.AsyncClient``), kept
-  apart from the *wire format*, which a model class (``OpenAIChat``, ...) knows.
+  apart from the *wire format*, which a model class (``OpenAIChat``, ``Anthropic``, ...) knows.
 - :class:`HTTPSession` - sends streamed requests for one provider; owns a lazily created client
   unless one was injected.  :meth:`HTTPSession.stream_sse` is the generic streamed turn: POST,
   map error statuses (retrying what may succeed), then yield an :class:`SSEStream`.
-- the error boundary: :func:`transport_error` and :func:`status_error` turn httpx2 exceptions
-  and HTTP error statuses into :class:`~trio_agents.ModelError` subclasses.
+- the error boundary: :func:`transport_error` turns httpx2 exceptions into
+  :class:`~trio_agents.ModelError` subclasses; error statuses go through
+  :func:`~._config.status_error`.
 - :class:`SSEDecoder` - a push decoder from bytes to :class:`ServerSentEvent` records.
+
+The pure pieces (:class:`Timeouts`, :class:`RetryPolicy`, :class:`ServerSentEvent`,
+:class:`StreamParser`, the status mapping) live in :mod:`._config` and are re-exported here.
 
 Cancellation: nothing here catches ``trio.Cancelled``.  A cancel during a backoff sleep ends it at
 once; a cancel while the stream is open closes the response (httpcore closes the socket under a
@@ -24,13 +28,10 @@ import contextlib
 import json
 import logging
 import math
-import random
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
-from typing import Any, Final, Protocol, TypeAlias
+from typing import Any, Final, TypeAlias
 
 import attrs
 import httpx2
@@ -42,23 +43,24 @@ import trio
 from httpx2._sse import _SSEParser
 
 from .._exceptions import (
-    AuthenticationError,
-    BadRequestError,
     MalformedStreamError,
     ModelConnectionError,
     ModelError,
-    ModelStatusError,
     ModelTimeoutError,
-    NotFoundError,
-    OverloadedError,
-    RateLimitError,
-    ServerError,
     StreamBrokenError,
     StreamErrorEvent,
     UsageError,
 )
 from ..messages import ModelResponse
 from ._base import StreamChunk
+from ._config import BODY_KEPT, request_id_of
+from ._config import RetryPolicy as RetryPolicy
+from ._config import ServerSentEvent as ServerSentEvent
+from ._config import StreamParser as StreamParser
+from ._config import Timeouts as Timeouts
+from ._config import parse_retry_after as parse_retry_after
+from ._config import provider_error_details as provider_error_details
+from ._config import status_error as status_error
 
 __all__ = [
     "HTTPClient",
@@ -84,8 +86,6 @@ HTTPClient: TypeAlias = httpx2.AsyncClient
 
 #: The most of an error body we read (the provider's message is near the start).
 ERROR_BODY_LIMIT: Final = 64 * 1024
-#: The most of an error body an exception keeps, for logs.
-_BODY_KEPT: Final = 2000
 #: The longest SSE event we accept before calling the stream malformed.
 MAX_EVENT_BYTES: Final = 4 * 1024 * 1024
 #: After the protocol's terminator, how long we read on to reach the end of the body (so the
@@ -94,54 +94,6 @@ _DRAIN_SECONDS: Final = 2.0
 #: Deadline of the shielded cleanup that closes a response.  Closing releases local resources
 #: only (it never waits on the server), so this is a safety net, not a wait.
 _CLOSE_SECONDS: Final = 1.0
-
-
-@attrs.frozen(kw_only=True)
-class Timeouts:
-    """Timeouts for one model server, in seconds (``None``: no limit).
-
-    Attributes:
-        connect: to open the TCP (and TLS) connection.
-        read: the longest silence between two reads, waiting for the headers or a stream chunk;
-            a stalled stream fails with :class:`~trio_agents.ModelTimeoutError` after this.
-        write: to send the request.
-        pool: to wait for a free connection from the pool.
-        turn: the whole streamed turn, first attempt to last byte, retries and backoff included
-            (a ``trio.move_on_after`` around the turn).
-    """
-
-    connect: float | None = 10.0
-    read: float | None = 120.0
-    write: float | None = 30.0
-    pool: float | None = 60.0
-    turn: float | None = 900.0
-
-
-@attrs.frozen(kw_only=True)
-class RetryPolicy:
-    """Retries of a request that failed *before* its stream began.
-
-    Retried: connection failures and errors whose ``retryable`` is true (429, 5xx, 529, connect
-    and header timeouts).  Never retried: anything after the first byte of a 2xx response, and a
-    cancel.  The backoff is exponential with full jitter (a uniform draw from
-    ``[0, min(max_backoff, initial_backoff * 2**retry)]``) unless the server said how long to
-    wait (``Retry-After`` / ``retry-after-ms``), which is honoured up to ``max_retry_after``.
-
-    ``rng`` is the source of the jitter; pass ``random.Random(seed)`` for deterministic tests.
-    """
-
-    max_retries: int = attrs.field(default=2, validator=attrs.validators.ge(0))
-    initial_backoff: float = 0.5
-    max_backoff: float = 8.0
-    max_retry_after: float = 60.0
-    rng: random.Random = attrs.field(factory=random.Random, eq=False, repr=False)
-
-    def backoff(self, retry: int, retry_after: float | None = None) -> float:
-        """Seconds to wait before retry number ``retry`` (0 for the first retry)."""
-        if retry_after is not None:
-            return min(max(retry_after, 0.0), self.max_retry_after)
-        ceiling = min(self.max_backoff, self.initial_backoff * 2.0**retry)
-        return self.rng.uniform(0.0, ceiling)
 
 
 def _check_base_url(instance: object, attribute: object, value: str) -> None:
@@ -180,110 +132,6 @@ class HTTPProvider:
 
 
 # --- the error boundary -------------------------------------------------------------------------
-
-
-def request_id_of(headers: Mapping[str, str]) -> str | None:
-    """The server's request id header (OpenAI ``x-request-id``, Anthropic ``request-id``)."""
-    return headers.get("x-request-id") or headers.get("request-id") or None
-
-
-def parse_retry_after(headers: Mapping[str, str], *, now: datetime | None = None) -> float | None:
-    """Seconds the server asked us to wait: ``retry-after-ms``, else ``Retry-After`` (seconds
-    or an HTTP date, compared with ``now``, default the wall clock).  ``None`` if absent or
-    unreadable; never negative."""
-    milliseconds = headers.get("retry-after-ms")
-    if milliseconds:
-        with contextlib.suppress(ValueError):
-            value = float(milliseconds) / 1000.0
-            if math.isfinite(value):
-                return max(value, 0.0)
-    text = headers.get("retry-after")
-    if not text:
-        return None
-    with contextlib.suppress(ValueError):
-        value = float(text)
-        return max(value, 0.0) if math.isfinite(value) else None
-    try:
-        when = parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max((when - (now or datetime.now(UTC))).total_seconds(), 0.0)
-
-
-def provider_error_details(data: object) -> tuple[str | None, str | None]:
-    """``(message, code)`` from a provider's error JSON, already parsed.
-
-    Understands ``{"error": {"message", "code" | "type"}}`` (OpenAI, Anthropic, Groq,
-    OpenRouter), ``{"error": "text"}`` and ``{"message" | "detail": ...}`` (vLLM, proxies).
-    """
-    if not isinstance(data, dict):
-        return None, None
-    error = data.get("error")
-    if isinstance(error, dict):
-        message, code = error.get("message"), error.get("code") or error.get("type")
-    elif isinstance(error, str):
-        message, code = error, data.get("code") or data.get("type")
-    else:
-        message, code = data.get("message") or data.get("detail"), data.get("code")
-    return (
-        message if isinstance(message, str) and message else None,
-        str(code) if isinstance(code, str | int) and not isinstance(code, bool) else None,
-    )
-
-
-_STATUS_CLASSES: Final[dict[int, type[ModelStatusError]]] = {
-    400: BadRequestError,
-    401: AuthenticationError,
-    403: AuthenticationError,
-    404: NotFoundError,
-    422: BadRequestError,
-    429: RateLimitError,
-    503: OverloadedError,
-    529: OverloadedError,
-}
-
-
-def status_error(
-    status_code: int,
-    *,
-    headers: Mapping[str, str],
-    body: bytes,
-    provider: str,
-    url: str,
-    reason: str = "",
-) -> ModelStatusError:
-    """The :class:`~trio_agents.ModelStatusError` subclass for an HTTP error status.
-
-    ``.message`` is the provider's own message when the body has one; ``.code``, the request id,
-    ``retry_after`` and a prefix of the body are kept.  ``x-should-retry: true|false`` (OpenAI)
-    overrides whether the error is retryable.
-    """
-    text = body.decode("utf-8", errors="replace")
-    try:
-        message, code = provider_error_details(json.loads(text))
-    except ValueError:
-        message, code = None, None
-    if status_code in _STATUS_CLASSES:
-        cls = _STATUS_CLASSES[status_code]
-    else:
-        cls = ServerError if 500 <= status_code <= 599 else ModelStatusError
-    if message is None:
-        message = f"HTTP {status_code}{f' {reason}' if reason else ''} from {url}"
-    error = cls(
-        message,
-        provider=provider,
-        status_code=status_code,
-        request_id=request_id_of(headers),
-        retry_after=parse_retry_after(headers),
-        body=text[:_BODY_KEPT],
-        code=code,
-    )
-    should_retry = headers.get("x-should-retry", "").lower()
-    if should_retry in ("true", "false"):
-        error.retryable = should_retry == "true"
-    return error
 
 
 def _connect_detail(exc: BaseException) -> str:
@@ -346,16 +194,6 @@ def transport_error(
 # --- server-sent events -------------------------------------------------------------------------
 
 
-@attrs.frozen
-class ServerSentEvent:
-    """One decoded SSE event (``event`` defaults to ``"message"``, as the SSE spec says)."""
-
-    event: str = "message"
-    data: str = ""
-    id: str = ""
-    retry: int | None = None
-
-
 class SSEDecoder:
     """Push decoder: bytes in (split anywhere, even inside a UTF-8 sequence), events out.
 
@@ -397,26 +235,6 @@ class SSEDecoder:
     @staticmethod
     def _convert(event: httpx2.ServerSentEvent) -> ServerSentEvent:
         return ServerSentEvent(event=event.event, data=event.data, id=event.id, retry=event.retry)
-
-
-class StreamParser(Protocol):
-    """A provider's push parser for one streamed turn: no I/O, driven by :class:`SSEStream`.
-
-    ``feed`` returns the chunks an event carries (and raises :class:`StreamErrorEvent` or
-    :class:`MalformedStreamError`); ``done`` turns true at the protocol's terminator (later
-    events are not fed); ``finish`` is called at the end of the body and returns the response,
-    or raises :class:`StreamBrokenError` if the stream ended without its terminator.
-    """
-
-    @property
-    def done(self) -> bool: ...
-
-    @property
-    def partial_text(self) -> str: ...
-
-    def feed(self, event: ServerSentEvent) -> list[StreamChunk]: ...
-
-    def finish(self) -> ModelResponse: ...
 
 
 class SSEStream:
@@ -680,11 +498,11 @@ class HTTPSession:
             "request_id": request_id_of(response.headers),
         }
         if message is not None:
-            raise StreamErrorEvent(message, code=code, body=text[:_BODY_KEPT], **kw)
+            raise StreamErrorEvent(message, code=code, body=text[:BODY_KEPT], **kw)
         raise MalformedStreamError(
             f"{url} answered {response.status_code} with JSON instead of an event stream: "
             f"{text[:200]!r}",
-            body=text[:_BODY_KEPT],
+            body=text[:BODY_KEPT],
             **kw,
         )
 

@@ -9,13 +9,11 @@ events into chunks; it is a pure push object (no I/O), so tests drive it with re
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
-from types import TracebackType
-from typing import Any, Final, Self
+from typing import Any, Final
 
-from .._exceptions import MalformedStreamError, StreamBrokenError, StreamErrorEvent, UsageError
+from .._exceptions import MalformedStreamError, StreamBrokenError, StreamErrorEvent
 from ..messages import (
     AssistantMessage,
     ModelRequest,
@@ -33,21 +31,16 @@ from ._base import (
     ToolCallChunk,
     loads_json,
 )
-from ._http import (
-    HTTPClient,
-    HTTPProvider,
-    HTTPSession,
-    RetryPolicy,
-    ServerSentEvent,
-    Timeouts,
-    provider_error_details,
-)
+from ._config import RetryPolicy, ServerSentEvent, Timeouts, provider_error_details
+from ._http import HTTPClient, HTTPProvider
+from ._model import HTTPModel, provider_from_env
 
 __all__ = [
     "DEFAULT_BASE_URL",
     "OpenAIChat",
     "OpenAIChatParser",
     "chat_completions_body",
+    "openai_headers",
     "openai_provider",
 ]
 
@@ -68,14 +61,26 @@ def openai_provider(
     Like the OpenAI SDK, reads ``OPENAI_BASE_URL`` (default :data:`DEFAULT_BASE_URL`) and
     ``OPENAI_API_KEY`` when the argument is not given.  No key is fine for local servers.
     """
-    return HTTPProvider(
-        base_url=base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL,
-        api_key=api_key if api_key is not None else os.environ.get("OPENAI_API_KEY"),
-        headers=dict(headers or {}),
-        timeout=timeout or Timeouts(),
-        retry=retry or RetryPolicy(),
+    return provider_from_env(
+        base_url=base_url,
+        api_key=api_key,
+        headers=headers,
         http_client=http_client,
+        timeout=timeout,
+        retry=retry,
+        base_url_env="OPENAI_BASE_URL",
+        api_key_env="OPENAI_API_KEY",
+        default_base_url=DEFAULT_BASE_URL,
     )
+
+
+def openai_headers(provider: HTTPProvider) -> dict[str, str]:
+    """``accept``, a bearer token when there is a key, then the provider's extra headers."""
+    headers = {"accept": "text/event-stream", "user-agent": "trio-agents"}
+    if provider.api_key:
+        headers["authorization"] = f"Bearer {provider.api_key}"
+    headers.update(provider.headers)
+    return headers
 
 
 def chat_completions_body(model: str, request: ModelRequest) -> dict[str, Any]:
@@ -304,7 +309,7 @@ class OpenAIChatParser:
         )
 
 
-class OpenAIChat:
+class OpenAIChat(HTTPModel):
     """A model behind an OpenAI-compatible ``/chat/completions`` endpoint.
 
     ``OpenAIChat("gpt-4o-mini")`` reads ``OPENAI_API_KEY`` / ``OPENAI_BASE_URL`` from the
@@ -327,35 +332,22 @@ class OpenAIChat:
         retry: RetryPolicy | None = None,
         provider: HTTPProvider | None = None,
     ) -> None:
-        settings = (base_url, api_key, headers, http_client, timeout, retry)
-        if provider is not None and any(s is not None for s in settings):
-            raise UsageError(
-                "OpenAIChat: pass either provider= or base_url/api_key/headers/http_client/"
-                "timeout/retry, not both"
-            )
-        if not model:
-            raise UsageError("OpenAIChat needs a model name")
-        self._model = model
-        self.http_provider = provider or openai_provider(
-            base_url=base_url,
-            api_key=api_key,
-            headers=headers,
-            http_client=http_client,
-            timeout=timeout,
-            retry=retry,
+        self.check_settings(
+            "OpenAIChat", provider, base_url, api_key, headers, http_client, timeout, retry
         )
-        self._session = HTTPSession(self.http_provider, provider="openai")
-
-    def __repr__(self) -> str:
-        return f"OpenAIChat({self._model!r}, base_url={self.http_provider.base_url!r})"
-
-    @property
-    def name(self) -> str:
-        return self._model
-
-    @property
-    def provider(self) -> str:
-        return "openai"
+        super().__init__(
+            model,
+            http_provider=provider
+            or openai_provider(
+                base_url=base_url,
+                api_key=api_key,
+                headers=headers,
+                http_client=http_client,
+                timeout=timeout,
+                retry=retry,
+            ),
+            wire="openai",
+        )
 
     def request_body(self, request: ModelRequest) -> dict[str, Any]:
         """The JSON body :meth:`stream` sends for ``request``."""
@@ -363,11 +355,7 @@ class OpenAIChat:
 
     def request_headers(self) -> dict[str, str]:
         """Headers of every request: auth, ``accept``, then the provider's extra headers."""
-        headers = {"accept": "text/event-stream", "user-agent": "trio-agents"}
-        if self.http_provider.api_key:
-            headers["authorization"] = f"Bearer {self.http_provider.api_key}"
-        headers.update(self.http_provider.headers)
-        return headers
+        return openai_headers(self.http_provider)
 
     def stream(self, request: ModelRequest) -> AbstractAsyncContextManager[ModelStream]:
         """Open one streamed turn (see :meth:`HTTPSession.stream_sse` for retries, timeouts,
@@ -380,18 +368,3 @@ class OpenAIChat:
                 model=self._model, request_id=request_id
             ),
         )
-
-    async def aclose(self) -> None:
-        """Close the HTTP client this model made (not an injected one).  Idempotent."""
-        await self._session.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_value: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.aclose()

@@ -102,6 +102,10 @@ class _ScriptedStream:
         return chunk
 
     @property
+    def partial_text(self) -> str:
+        return self._builder.text
+
+    @property
     def response(self) -> ModelResponse:
         if self._response is None:
             raise RuntimeError("the stream has not finished; iterate it to the end first")

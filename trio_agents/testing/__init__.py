@@ -2,9 +2,15 @@
 
 The fakes run on trio and h11, bind 127.0.0.1 on a free port, and follow the trio clock (use
 ``autojump_clock`` in tests).  They record, per request, when the client disconnected, so tests
-can assert that a cancel really closed the HTTP stream.
+can assert that a cancel really closed the HTTP stream.  Plans exist for OpenAI chat
+completions (:func:`openai_stream`), the OpenAI Responses API (:func:`responses_stream`, on the
+OpenAI server) and Anthropic Messages (:func:`anthropic_stream`, on
+:func:`open_fake_anthropic_server`, whose base URL has no ``/v1``); :func:`replay` sends
+recorded bytes.
 """
 
+from ._plans import replay as replay
+from ._plans import sse_frame as sse_frame
 from ._server import ConnectionRecord as ConnectionRecord
 from ._server import Ending as Ending
 from ._server import FakeServer as FakeServer
@@ -13,9 +19,12 @@ from ._server import Responder as Responder
 from ._server import ResponsePlan as ResponsePlan
 from ._server import open_fake_server as open_fake_server
 from ._server import serve_fake_server as serve_fake_server
+from .anthropic import anthropic_error as anthropic_error
+from .anthropic import anthropic_stream as anthropic_stream
+from .anthropic import open_fake_anthropic_server as open_fake_anthropic_server
+from .anthropic import serve_fake_anthropic_server as serve_fake_anthropic_server
 from .openai import open_fake_openai_server as open_fake_openai_server
 from .openai import openai_error as openai_error
 from .openai import openai_stream as openai_stream
-from .openai import replay as replay
 from .openai import serve_fake_openai_server as serve_fake_openai_server
-from .openai import sse_frame as sse_frame
+from .responses import responses_stream as responses_stream

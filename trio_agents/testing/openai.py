@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
-from itertools import cycle
 from typing import Any
 
 import trio
 
 from ..messages import ToolCall, Usage
+from ._plans import SSE_HEADERS, extra_headers, json_error, split, timed
+from ._plans import replay as replay
+from ._plans import sse_frame as sse_frame
 from ._server import (
     Ending,
     FakeServer,
@@ -34,27 +36,6 @@ __all__ = [
     "serve_fake_openai_server",
     "sse_frame",
 ]
-
-_SSE_HEADERS = (("content-type", "text/event-stream; charset=utf-8"), ("cache-control", "no-cache"))
-
-
-def sse_frame(data: str | dict[str, Any], *, event: str | None = None) -> bytes:
-    """One SSE frame: optional ``event:`` line, ``data:`` line, blank line."""
-    text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
-    head = f"event: {event}\n" if event else ""
-    return f"{head}data: {text}\n\n".encode()
-
-
-def _split(text: str, pieces: int) -> list[str]:
-    size = max(1, -(-len(text) // max(1, pieces)))
-    return [text[i : i + size] for i in range(0, len(text), size)] or [""]
-
-
-def _extra_headers(
-    headers: Iterable[tuple[str, str]], request_id: str | None
-) -> tuple[tuple[str, str], ...]:
-    extra = tuple(headers)
-    return extra + ((("x-request-id", request_id),) if request_id else ())
 
 
 def openai_stream(
@@ -96,18 +77,14 @@ def openai_stream(
             ``delay``.  The role chunk goes out at once with the headers.
         ending: how the response ends (see :data:`~trio_agents.testing.Ending`).
     """
-    ident = "chatcmpl-fake"
+    # Every chunk, the usage-only one too, says what it is: OpenAI's SDK skips a chunk
+    # without ``object`` (its filter for Azure's content-filter frames).
+    envelope = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0}
+    envelope["model"] = model
 
     def chunk(delta: dict[str, Any], reason: str | None = None) -> bytes:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
-        return sse_frame(
-            {
-                "id": ident,
-                "object": "chat.completion.chunk",
-                "model": model,
-                "choices": [choice],
-            }
-        )
+        return sse_frame({**envelope, "choices": [choice]})
 
     content: list[bytes] = [chunk({"reasoning_content": r, "content": None}) for r in reasoning]
     content += [chunk({"content": t}) for t in ([text] if isinstance(text, str) else text) if t]
@@ -121,11 +98,10 @@ def openai_stream(
         content.append(chunk({"tool_calls": [header]}))
         content += [
             chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
-            for piece in _split(call.arguments, argument_pieces)
+            for piece in split(call.arguments, argument_pieces)
         ]
-    parts: list[tuple[float, bytes]] = [(0.0, chunk({"role": "assistant", "content": ""}))]
-    for position, data in enumerate(content):
-        parts.append((delay if position or first_delay is None else first_delay, data))
+    role = chunk({"role": "assistant", "content": ""})
+    parts = timed(role, content, delay=delay, first_delay=first_delay)
     if error is not None:
         payload = {"error": {"message": error, "type": "server_error", "code": error_code}}
         parts.append((delay, sse_frame(payload)))
@@ -144,14 +120,12 @@ def openai_stream(
                 "prompt_tokens_details": {"cached_tokens": counts.cache_read_tokens},
                 "completion_tokens_details": {"reasoning_tokens": counts.reasoning_tokens},
             }
-            parts.append(
-                (0.0, sse_frame({"id": ident, "model": model, "choices": [], "usage": usage_body}))
-            )
+            parts.append((0.0, sse_frame({**envelope, "choices": [], "usage": usage_body})))
         if done:
             parts.append((0.0, sse_frame("[DONE]")))
     return ResponsePlan(
         status=200,
-        headers=_SSE_HEADERS + _extra_headers(headers, request_id),
+        headers=SSE_HEADERS + extra_headers(headers, request_id),
         parts=tuple(parts),
         ending=ending,
     )
@@ -182,47 +156,13 @@ def openai_error(
         )
         + "\n"
     ).encode()
-    extra: list[tuple[str, str]] = [
-        ("content-type", "application/json; charset=utf-8"),
-        ("content-length", str(len(body))),
-    ]
-    if retry_after is not None:
-        value = retry_after if isinstance(retry_after, str) else f"{retry_after:g}"
-        extra.append(("retry-after", value))
-    if retry_after_ms is not None:
-        extra.append(("retry-after-ms", f"{retry_after_ms:g}"))
-    return ResponsePlan(
-        status=status,
-        headers=tuple(extra) + _extra_headers(headers, request_id),
-        parts=((0.0, body),),
-        headers_delay=delay,
-    )
-
-
-def replay(
-    data: bytes,
-    *,
-    chunk_sizes: int | Sequence[int] = 256,
-    delay: float = 0.0,
-    status: int = 200,
-    content_type: str = "text/event-stream; charset=utf-8",
-    headers: Iterable[tuple[str, str]] = (),
-    ending: Ending = "close",
-) -> ResponsePlan:
-    """Recorded bytes, sent in pieces of ``chunk_sizes`` (one size, or sizes used in turn),
-    ``delay`` seconds apart."""
-    sizes = cycle([chunk_sizes] if isinstance(chunk_sizes, int) else chunk_sizes)
-    parts: list[tuple[float, bytes]] = []
-    position = 0
-    while position < len(data):
-        size = max(1, next(sizes))
-        parts.append((delay if parts else 0.0, data[position : position + size]))
-        position += size
-    return ResponsePlan(
-        status=status,
-        headers=(("content-type", content_type), *headers),
-        parts=tuple(parts),
-        ending=ending,
+    return json_error(
+        status,
+        body,
+        retry_after=retry_after,
+        retry_after_ms=retry_after_ms,
+        headers=extra_headers(headers, request_id),
+        delay=delay,
     )
 
 
