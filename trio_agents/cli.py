@@ -41,6 +41,18 @@ def _load_agent(spec: str) -> AgentLike:
 
 
 async def _run(console: Console, agent: AgentLike, prompt: str, store: str) -> Outcome:
+    try:
+        return await _run_and_show(console, agent, prompt, store)
+    finally:
+        # The command owns the agent's model for its run: close its HTTP client on the way out.
+        model = getattr(agent, "model", None)
+        aclose = getattr(model, "aclose", None)
+        if aclose is not None:
+            with trio.CancelScope(shield=True):
+                await aclose()
+
+
+async def _run_and_show(console: Console, agent: AgentLike, prompt: str, store: str) -> Outcome:
     async with Runner(store=store) as runner:
         inv = runner.start(agent, prompt)
         async with trio.open_nursery() as nursery:
