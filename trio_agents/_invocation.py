@@ -17,7 +17,7 @@ import attrs
 import trio
 
 from ._exceptions import SessionNotFound, StoreError, UsageError
-from .agents._context import AgentLike, Phase, StopRequested
+from .agents._context import AgentLike, StopRequested
 from .events import (
     CancelRequested,
     ErrorInfo,
@@ -149,10 +149,6 @@ class _Context:
         ]
         return _Context(self._inv, journal, path, input)
 
-    def set_phase(self, phase: Phase) -> None:
-        if phase == "streaming":
-            self._inv._partial.clear()
-
     def check_stop(self) -> None:
         if self._inv._mode is not None:
             raise StopRequested
@@ -160,6 +156,7 @@ class _Context:
     @contextmanager
     def stream_scope(self) -> Iterator[trio.CancelScope]:
         inv = self._inv
+        inv._partial.clear()
         with trio.CancelScope() as scope:
             inv._stream_scopes.add(scope)
             if inv._mode in ("after_tools", "immediate"):

@@ -8,16 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import Literal, Protocol, TypeAlias
+from typing import Protocol
 
 import trio
 
 from ..events import Event
 from ..messages import Message, ModelResponse, ToolCall, ToolResult
 
-__all__ = ["AgentLike", "Phase", "RunContext", "StopRequested"]
-
-Phase: TypeAlias = Literal["starting", "streaming", "tools", "between"]
+__all__ = ["AgentLike", "RunContext", "StopRequested"]
 
 
 class StopRequested(Exception):
@@ -65,16 +63,15 @@ class RunContext(Protocol):
         """Journal that this step finished with ``output``, then publish it."""
         ...
 
-    def set_phase(self, phase: Phase) -> None:
-        """Say what the agent is doing, so cancel modes know what to wait for."""
-        ...
-
     def check_stop(self) -> None:
         """A safe point: raise :class:`StopRequested` if a safe-point cancel is due."""
         ...
 
     def stream_scope(self) -> AbstractContextManager[trio.CancelScope]:
-        """A cancel scope around one model stream; ``after_tools`` cancels it."""
+        """A cancel scope around one model stream; ``after_tools`` cancels it.
+
+        Entering it starts a new turn's partial output (what a cancel keeps).
+        """
         ...
 
     def emit_text(self, turn: int, text: str) -> None:

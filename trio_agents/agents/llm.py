@@ -124,7 +124,6 @@ class Agent:
                 if missing:
                     await self._run_tools(ctx, transcript, missing)
                 transcript.close_turn()
-            ctx.set_phase("between")
             ctx.check_stop()
             if transcript.turns >= self.max_turns:
                 raise MaxTurnsExceeded(
@@ -141,7 +140,6 @@ class Agent:
             max_tokens=self.max_tokens,
             temperature=self.temperature,
         )
-        ctx.set_phase("streaming")
         with ctx.stream_scope() as scope:
             async with self.model.stream(request) as stream:
                 async for chunk in stream:
@@ -158,7 +156,6 @@ class Agent:
     async def _run_tools(
         self, ctx: RunContext, transcript: Transcript, calls: list[ToolCall]
     ) -> None:
-        ctx.set_phase("tools")
         async with trio.open_nursery() as nursery:
             for call in calls:
                 nursery.start_soon(self._run_one, ctx, transcript, call)
