@@ -34,18 +34,18 @@ def machine() -> str:
 @contextmanager
 def server_process() -> Iterator[str]:
     """Start ``python -m trio_agents.testing`` and yield its base URL; stop it afterwards."""
-    proc = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-m", "trio_agents.testing"], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        if not line.startswith("PORT "):
-            raise RuntimeError(f"the fake server did not start: {line!r}")
-        yield f"http://127.0.0.1:{int(line.split()[1])}/v1"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            if not line.startswith("PORT "):
+                raise RuntimeError(f"the fake server did not start: {line!r}")
+            yield f"http://127.0.0.1:{int(line.split()[1])}/v1"
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
 
 
 def percentiles(values: list[float]) -> dict[str, float]:

@@ -1,26 +1,27 @@
 """Server-observed disconnect latency of a cancel: trio_agents vs a bare httpx2 stream.
 
-In one process, against the in-process fake server (one clock for both sides): the latency is
-the time from the ``cancel()`` call to the moment the *server* sees the connection go away
-(``RequestRecord.disconnected_at``).  The floor is a bare httpx2 stream cancelled by its own
-cancel scope; trio_agents is a ``Runner`` invocation of an ``OpenAIChat`` agent cancelled with
-``Invocation.cancel()``.  Both send the same request body; each measured request is found on the
-server by its own prompt.
+The fake server runs in its own process (``python -m trio_agents.testing``), as a model
+provider runs on another machine: it has its own CPU, and it sees a disconnect when the client's
+socket closes, whatever the client does next.  The latency is the time from the ``cancel()``
+call to the moment the *server* saw the connection go away; both processes read
+``time.monotonic()`` (CLOCK_MONOTONIC, one clock for the whole machine), the server's records
+come from ``GET /_fake/requests`` once the client side is done.  The floor is a bare httpx2
+stream cancelled by its own cancel scope; trio_agents is a ``Runner`` invocation of an
+``OpenAIChat`` agent cancelled with ``Invocation.cancel()``.  Both send the same request body;
+each measured request is found on the server by its own prompt.
 
 Settings:
   single  - one stream at a time, cancelled after 5 tokens;
   loaded  - the same, while ``--flows`` other streams (half bare, half invocations, 10 tokens/s
-            each) keep flowing;
+            each) keep flowing in this process;
   drain   - ``--flows`` streams cancelled at once: time until the server saw the last
             disconnect (median of ``--drains`` repetitions, bare and trio_agents alternating).
 
 Bare and trio_agents alternate everywhere (in 'drain' the one going first alternates too);
 warm-up rounds and a warm-up drain pair are discarded.  Before each setting and each drain
-everything is torn down (no open connection left), garbage is collected and the surviving heap
+every earlier stream has ended on both sides, garbage is collected and the surviving heap
 frozen (``gc.freeze``): a collection inside a measurement then costs what the measured code
-allocated, not the size of the benchmark's own records.  Client and server share one event
-loop, so a disconnect is observed only once the client yields: the figures include the client's
-CPU time to tear its streams down, which is what a drain of many streams costs in practice.
+allocated, not the size of the benchmark's own records.
 
 Run: ``python -m benchmarks.cancel_latency`` (``--quick`` for a smoke run).
 """
@@ -32,8 +33,8 @@ import gc
 import itertools
 import os
 import statistics
-from collections import deque
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -41,9 +42,8 @@ import httpx2
 import trio
 
 import trio_agents as ta
-from benchmarks._common import bare_stream, machine, percentiles
-from trio_agents.testing import FakeServer, RequestRecord, open_fake_openai_server
-from trio_agents.testing.__main__ import plan_from_model_name
+from benchmarks._common import bare_stream, machine, percentiles, server_process
+from trio_agents.testing import RECORDS_PATH
 
 SLOW = "tokens=5000,delay=0.002,first=0"  # 10 s of tokens: far more than a test needs
 FLOW = "tokens=5000,delay=0.1,first=0"  # 10 chunks/s per stream, like a real model
@@ -56,79 +56,83 @@ def new_tag(kind: str) -> str:
     return f"{kind} {next(_tags)}"
 
 
-def prompt_of(record: RequestRecord) -> object:
+def prompt_of(record: dict[str, Any]) -> object:
     try:
-        return record.json["messages"][-1]["content"]
+        return record["json"]["messages"][-1]["content"]
     except (TypeError, KeyError, IndexError):
         return None
 
 
-def find(server: FakeServer, tag: str) -> RequestRecord:
-    """The request whose prompt is ``tag`` (the newest first: it is the one just made)."""
-    for record in reversed(server.requests):
-        if prompt_of(record) == tag:
-            return record
-    raise LookupError(f"the server saw no request with the prompt {tag!r}")
+class Records:
+    """What the server process saw, read over HTTP (``GET /_fake/requests``)."""
 
+    def __init__(self, client: httpx2.AsyncClient, base_url: str) -> None:
+        self._client = client
+        self._url = base_url.rsplit("/", 1)[0] + RECORDS_PATH
+        self.seen: list[dict[str, Any]] = []
 
-def every(
-    records: Sequence[RequestRecord], done: Callable[[RequestRecord], bool]
-) -> Callable[[], bool]:
-    """A predicate for ``server.wait_until``: ``done(r)`` for every record.
+    async def _refresh(self) -> None:
+        # Records change until their response has finished: re-read those from the first
+        # unfinished one on.
+        since = next((r["index"] for r in self.seen if r["finished_at"] is None), len(self.seen))
+        response = await self._client.get(self._url, params={"since": since})
+        response.raise_for_status()
+        self.seen[since:] = response.json()["requests"]
 
-    Records found done are dropped, so the server's frequent notifications (one per chunk
-    written) cost O(1) each, not O(n), while a drain is being timed.
-    """
-    pending = deque(records)
+    async def wait(self, done: Callable[[list[dict[str, Any]]], bool], what: str) -> None:
+        """Poll (every 20 ms, 60 s at most) until ``done(records)``."""
+        with trio.move_on_after(60):
+            while True:
+                await self._refresh()
+                if done(self.seen):
+                    return
+                await trio.sleep(0.02)
+        raise RuntimeError(f"the fake server never saw {what}")
 
-    def check() -> bool:
-        while pending and done(pending[0]):
-            pending.popleft()
-        return not pending
+    def by_prompt(self, tags: Sequence[str]) -> list[dict[str, Any]]:
+        found = {prompt_of(r): r for r in self.seen}
+        return [found[tag] for tag in tags]
 
-    return check
+    async def disconnect_ms(self, cancelled: Sequence[tuple[str, float]]) -> list[float]:
+        """For each ``(tag, cancelled_at)``: ms until the server saw that request's client go."""
+        tags = [tag for tag, _ in cancelled]
 
+        def all_gone(records: list[dict[str, Any]]) -> bool:
+            found = {prompt_of(r): r for r in records}
+            return all(
+                tag in found and found[tag]["disconnected_at_monotonic"] is not None for tag in tags
+            )
 
-async def wait_flowing(server: FakeServer, first: int, n: int) -> list[RequestRecord]:
-    """Wait until requests ``first .. first + n`` have arrived and each got 3 chunks."""
-    with trio.fail_after(30):
-        await server.wait_until(lambda: len(server.requests) >= first + n)
-        batch = server.requests[first : first + n]
-        await server.wait_until(every(batch, lambda r: r.chunks_written >= 3))
-    if len(server.requests) != first + n or any(r.json["model"] != FLOW for r in batch):
-        raise RuntimeError("unexpected requests reached the server while streams were starting")
-    return batch
+        await self.wait(all_gone, f"the disconnect of {len(tags)} requests")
+        records = self.by_prompt(tags)
+        return [
+            (record["disconnected_at_monotonic"] - at) * 1000
+            for record, (_, at) in zip(records, cancelled, strict=True)
+        ]
 
+    async def wait_flowing(self, tags: Sequence[str]) -> None:
+        """Wait until each request whose prompt is in ``tags`` has got 3 chunks."""
+        wanted = set(tags)
 
-def check_flowing(batch: Sequence[RequestRecord]) -> None:
-    stopped = sum(1 for r in batch if r.disconnected_at is not None or r.completed)
-    if stopped:
-        raise RuntimeError(f"{stopped} of {len(batch)} background streams stopped early")
+        def flowing(records: list[dict[str, Any]]) -> bool:
+            started = [r for r in records if prompt_of(r) in wanted]
+            return len(started) == len(wanted) and all(r["chunks_written"] >= 3 for r in started)
 
+        await self.wait(flowing, f"{len(tags)} streams flowing")
 
-async def last_disconnect(
-    server: FakeServer, batch: Sequence[RequestRecord], cancelled_at: float
-) -> float:
-    """Milliseconds from ``cancelled_at`` to the last server-observed disconnect of ``batch``."""
-    with trio.fail_after(30):
-        await server.wait_until(every(batch, lambda r: r.disconnected_at is not None))
-    return (max(r.disconnected_at or 0.0 for r in batch) - cancelled_at) * 1000
-
-
-async def settle(server: FakeServer) -> None:
-    """Before a measurement: wait until the server holds no connection, collect garbage, and
-    freeze what survives, so a collection during the measurement scans only what the measured
-    code allocated, not the heap the benchmark has built up (its records of every request)."""
-    with trio.fail_after(30):
-        await server.wait_until(lambda: server.open_connections == 0)
-    gc.collect()
-    gc.freeze()
+    async def settle(self) -> None:
+        """Before a measurement: wait until the server has finished every response, collect
+        garbage, and freeze what survives, so a collection during the measurement scans only
+        what the measured code allocated, not the heap the benchmark has built up."""
+        await self.wait(lambda rs: all(r["finished_at"] is not None for r in rs), "the end")
+        gc.collect()
+        gc.freeze()
 
 
 # --- one cancel -------------------------------------------------------------------------------
 
 
-async def bare_once(server: FakeServer, client: httpx2.AsyncClient) -> float:
+async def bare_once(client: httpx2.AsyncClient, base_url: str) -> tuple[str, float]:
     """Cancel a bare httpx2 stream (from another task, by its own cancel scope) after 5 tokens."""
     tag = new_tag("bare")
     seen = trio.Event()
@@ -144,18 +148,17 @@ async def bare_once(server: FakeServer, client: httpx2.AsyncClient) -> float:
 
     async def stream() -> None:
         with scope:
-            await bare_stream(client, server.base_url, SLOW, on_chunk, prompt=tag)
+            await bare_stream(client, base_url, SLOW, on_chunk, prompt=tag)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(stream)
         await seen.wait()
-        record = find(server, tag)
-        cancelled_at = trio.current_time()
+        cancelled_at = time.monotonic()
         scope.cancel()
-        return await last_disconnect(server, [record], cancelled_at)
+    return tag, cancelled_at
 
 
-async def runtime_once(server: FakeServer, runner: ta.Runner, agent: ta.Agent) -> float:
+async def runtime_once(runner: ta.Runner, agent: ta.Agent) -> tuple[str, float]:
     """Cancel an invocation after its 5th text delta, as a UI's stop button would."""
     tag = new_tag("ours")
     inv = runner.start(agent, tag)
@@ -165,120 +168,123 @@ async def runtime_once(server: FakeServer, runner: ta.Runner, agent: ta.Agent) -
             deltas += 1
             if deltas >= 5:
                 break
-    record = find(server, tag)
-    cancelled_at = trio.current_time()
+    cancelled_at = time.monotonic()
     inv.cancel(reason="bench")
-    latency = await last_disconnect(server, [record], cancelled_at)
     await inv.wait()
-    return latency
+    return tag, cancelled_at
+
+
+Once = Callable[[], Awaitable[tuple[str, float]]]
 
 
 async def alternate(
-    rounds: int, bare: Callable[[], Any], ours: Callable[[], Any]
+    records: Records, rounds: int, bare: Once, ours: Once
 ) -> dict[str, dict[str, float]]:
-    bare_ms: list[float] = []
-    our_ms: list[float] = []
+    bare_cancels: list[tuple[str, float]] = []
+    our_cancels: list[tuple[str, float]] = []
     for _ in range(rounds):
-        bare_ms.append(await bare())
-        our_ms.append(await ours())
-    return {"bare": percentiles(bare_ms), "trio_agents": percentiles(our_ms)}
+        bare_cancels.append(await bare())
+        our_cancels.append(await ours())
+    return {
+        "bare": percentiles(await records.disconnect_ms(bare_cancels)),
+        "trio_agents": percentiles(await records.disconnect_ms(our_cancels)),
+    }
 
 
 # --- many at once -----------------------------------------------------------------------------
 
 
-async def drain_bare(server: FakeServer, client: httpx2.AsyncClient, n: int) -> float:
+async def drain_bare(records: Records, client: httpx2.AsyncClient, base_url: str, n: int) -> float:
     """Start ``n`` bare flowing streams, cancel their scopes at once, time the last disconnect."""
-    first = len(server.requests)
+    tags = [new_tag("drain bare") for _ in range(n)]
     scopes = [trio.CancelScope() for _ in range(n)]
 
-    async def one(scope: trio.CancelScope) -> None:
+    async def one(scope: trio.CancelScope, tag: str) -> None:
         with scope:
-            await bare_stream(client, server.base_url, FLOW, prompt="drain")
+            await bare_stream(client, base_url, FLOW, prompt=tag)
 
     async with trio.open_nursery() as nursery:
-        for scope in scopes:
-            nursery.start_soon(one, scope)
-        batch = await wait_flowing(server, first, n)
-        cancelled_at = trio.current_time()
+        for scope, tag in zip(scopes, tags, strict=True):
+            nursery.start_soon(one, scope, tag)
+        await records.wait_flowing(tags)
+        cancelled_at = time.monotonic()
         for scope in scopes:
             scope.cancel()
-        elapsed = await last_disconnect(server, batch, cancelled_at)
-    await settle(server)
-    return elapsed
+    return max(await records.disconnect_ms([(tag, cancelled_at) for tag in tags]))
 
 
-async def drain_ours(server: FakeServer, runner: ta.Runner, agent: ta.Agent, n: int) -> float:
+async def drain_ours(records: Records, runner: ta.Runner, agent: ta.Agent, n: int) -> float:
     """Start ``n`` flowing invocations, cancel them at once, time the last disconnect."""
-    first = len(server.requests)
-    invocations = [runner.start(agent, "drain") for _ in range(n)]
-    batch = await wait_flowing(server, first, n)
-    cancelled_at = trio.current_time()
+    tags = [new_tag("drain ours") for _ in range(n)]
+    invocations = [runner.start(agent, tag) for tag in tags]
+    await records.wait_flowing(tags)
+    cancelled_at = time.monotonic()
     for inv in invocations:
         inv.cancel(reason="drain")
-    elapsed = await last_disconnect(server, batch, cancelled_at)
     for inv in invocations:
         await inv.wait()
-    await settle(server)
-    return elapsed
+    return max(await records.disconnect_ms([(tag, cancelled_at) for tag in tags]))
 
 
 # --- the benchmark ----------------------------------------------------------------------------
 
 
-async def main(rounds: int, flows: int, drains: int) -> dict[str, Any]:
+async def main(base_url: str, rounds: int, flows: int, drains: int) -> dict[str, Any]:
     results: dict[str, Any] = {"load": [os.getloadavg()[0]]}
     limits = httpx2.Limits(max_connections=None, max_keepalive_connections=None)
     async with (
-        open_fake_openai_server(responder=plan_from_model_name) as server,
+        httpx2.AsyncClient(timeout=None) as control,
         httpx2.AsyncClient(limits=limits, timeout=None) as client,
         httpx2.AsyncClient(limits=limits, timeout=None) as flow_client,
-        ta.models.OpenAIChat(SLOW, base_url=server.base_url, api_key="bench") as model,
-        ta.models.OpenAIChat(FLOW, base_url=server.base_url, api_key="bench") as flow_model,
+        ta.models.OpenAIChat(SLOW, base_url=base_url, api_key="bench") as model,
+        ta.models.OpenAIChat(FLOW, base_url=base_url, api_key="bench") as flow_model,
         ta.Runner() as runner,
     ):
+        records = Records(control, base_url)
         agent = ta.Agent(name="bench", model=model)
         flow_agent = ta.Agent(name="flow", model=flow_model)
 
-        def bare() -> Any:
-            return bare_once(server, client)
+        def bare() -> Awaitable[tuple[str, float]]:
+            return bare_once(client, base_url)
 
-        def ours() -> Any:
-            return runtime_once(server, runner, agent)
+        def ours() -> Awaitable[tuple[str, float]]:
+            return runtime_once(runner, agent)
 
-        await alternate(WARMUP, bare, ours)
-        await settle(server)
-        results["single"] = await alternate(rounds, bare, ours)
-        await settle(server)
+        await alternate(records, WARMUP, bare, ours)
+        await records.settle()
+        results["single"] = await alternate(records, rounds, bare, ours)
+        await records.settle()
 
         # The same, while `flows` other streams (half bare, half invocations) keep flowing.
-        first = len(server.requests)
+        tags = [new_tag("flow") for _ in range(flows)]
         async with trio.open_nursery() as background:
-            for _ in range(flows // 2):
-                background.start_soon(
-                    partial(bare_stream, flow_client, server.base_url, FLOW, prompt="flow")
-                )
-            invocations = [runner.start(flow_agent, "flow") for _ in range(flows - flows // 2)]
-            batch = await wait_flowing(server, first, flows)
-            results["loaded"] = await alternate(rounds, bare, ours)
-            check_flowing(batch)
+            for tag in tags[: flows // 2]:
+                background.start_soon(partial(bare_stream, flow_client, base_url, FLOW, prompt=tag))
+            invocations = [runner.start(flow_agent, tag) for tag in tags[flows // 2 :]]
+            await records.wait_flowing(tags)
+            results["loaded"] = await alternate(records, rounds, bare, ours)
+            ended_at = time.monotonic()
             background.cancel_scope.cancel()
             for inv in invocations:
                 inv.cancel(reason="end of the loaded setting")
         for inv in invocations:
             await inv.wait()
-        await settle(server)
+        flow_ends = await records.disconnect_ms([(tag, ended_at) for tag in tags])
+        if min(flow_ends) < 0:
+            raise RuntimeError("a background stream stopped before the end of the loaded setting")
+        await records.settle()
 
         drain_ms: dict[str, list[float]] = {"bare": [], "ours": []}
 
         async def drain(side: str) -> float:
             if side == "bare":
-                return await drain_bare(server, flow_client, flows)
-            return await drain_ours(server, runner, flow_agent, flows)
+                return await drain_bare(records, flow_client, base_url, flows)
+            return await drain_ours(records, runner, flow_agent, flows)
 
         for repetition in range(-1, drains):  # -1: a warm-up pair, discarded
             for side in ("bare", "ours") if repetition % 2 else ("ours", "bare"):
                 elapsed = await drain(side)
+                await records.settle()
                 if repetition >= 0:
                     drain_ms[side].append(elapsed)
         bare_drains, our_drains = drain_ms["bare"], drain_ms["ours"]
@@ -293,7 +299,7 @@ async def main(rounds: int, flows: int, drains: int) -> dict[str, Any]:
 
 
 def report(results: dict[str, Any], rounds: int, flows: int, drains: int) -> None:
-    print(f"cancel latency, server-observed ({machine()})")
+    print(f"cancel latency, server-observed, server in its own process ({machine()})")
     print(f"  load average before / after: {results['load'][0]:.2f} / {results['load'][1]:.2f}")
     print(
         f"  cancel() -> server sees the disconnect; {rounds} cancels per side per setting "
@@ -329,6 +335,6 @@ if __name__ == "__main__":
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.flows, args.drains = 20, 40, 3
-    report(
-        trio.run(main, args.rounds, args.flows, args.drains), args.rounds, args.flows, args.drains
-    )
+    with server_process() as url:
+        measured = trio.run(main, url, args.rounds, args.flows, args.drains)
+    report(measured, args.rounds, args.flows, args.drains)

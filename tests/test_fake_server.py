@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator
 
 import httpx2
@@ -12,6 +15,7 @@ import trio
 import trio.testing
 
 from trio_agents.testing import (
+    RECORDS_PATH,
     FakeServer,
     ResponsePlan,
     open_fake_openai_server,
@@ -245,3 +249,64 @@ async def test_headers_delay_holds_the_status_line(autojump_clock: trio.abc.Cloc
             response = await client.send(_post(client, server))
     assert response.status_code == 503
     assert trio.current_time() - start == pytest.approx(7, abs=0.1)
+
+
+async def test_records_are_served_as_json_on_both_clocks(autojump_clock: trio.abc.Clock) -> None:
+    """``GET /_fake/requests?since=N`` lists the records from ``N`` on, each time also on
+    ``time.monotonic()``; those requests share the keep-alive connection and are not recorded."""
+    with trio.fail_after(60):
+        async with open_fake_server() as server, httpx2.AsyncClient(timeout=None) as client:
+            server.enqueue(replay(b"one"), ResponsePlan(parts=((0.0, b"x"), (50.0, b"y"))))
+            await client.send(_post(client, server, {"n": 1}))
+            response = await client.send(_post(client, server, {"n": 2}), stream=True)
+            parts = response.aiter_raw()
+            assert await parts.__anext__() == b"x"
+            await trio.sleep(3)
+            await _abandon(response, parts)
+            await server.wait_disconnect(1)
+            everything = (await client.get(f"{server.url}{RECORDS_PATH}")).json()["requests"]
+            later = (await client.get(f"{server.url}{RECORDS_PATH}?since=1")).json()["requests"]
+            bad = await client.get(f"{server.url}{RECORDS_PATH}?since=x")
+    assert [r["json"] for r in everything] == [{"n": 1}, {"n": 2}]
+    assert [r["index"] for r in later] == [1]
+    assert len(bad.json()["requests"]) == 2  # an unreadable ``since`` means from the start
+    assert len(server.requests) == 2
+    first, second = everything
+    assert first["completed"]
+    assert first["disconnected_at"] is None
+    assert first["disconnected_at_monotonic"] is None
+    assert second["chunks_written"] == 1
+    assert not second["completed"]
+    assert second["disconnected_at"] == server.requests[1].disconnected_at
+    # The same instants on the other clock: the differences between them are kept.
+    assert second["disconnected_at_monotonic"] - second["opened_at_monotonic"] == pytest.approx(
+        second["disconnected_at"] - second["opened_at"]
+    )
+
+
+def test_the_standalone_server_reports_a_disconnect_on_the_shared_clock() -> None:
+    """``python -m trio_agents.testing`` in its own process: a client leaves mid-stream, and the
+    records say when, on the clock of the client's process."""
+    with subprocess.Popen(
+        [sys.executable, "-m", "trio_agents.testing"], stdout=subprocess.PIPE, text=True
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            base = f"http://127.0.0.1:{int(proc.stdout.readline().split()[1])}"
+            body = {"model": "tokens=1000,delay=0.01,first=0", "messages": []}
+            with httpx2.Client(timeout=10) as client:
+                with client.stream("POST", f"{base}/v1/chat/completions", json=body) as response:
+                    lines = response.iter_lines()  # held: dropping it would close the response
+                    assert next(lines).startswith("data: ")
+                    left_at = time.monotonic()
+                deadline = time.monotonic() + 10
+                while True:
+                    [record] = client.get(f"{base}{RECORDS_PATH}").json()["requests"]
+                    if record["disconnected_at_monotonic"] or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.01)
+        finally:
+            proc.terminate()
+    assert record["json"] == body
+    assert not record["completed"]
+    assert 0 <= record["disconnected_at_monotonic"] - left_at < 1.0

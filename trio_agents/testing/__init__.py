@@ -11,6 +11,7 @@ recorded bytes.
 
 from ._plans import replay as replay
 from ._plans import sse_frame as sse_frame
+from ._server import RECORDS_PATH as RECORDS_PATH
 from ._server import ConnectionRecord as ConnectionRecord
 from ._server import Ending as Ending
 from ._server import FakeServer as FakeServer

@@ -7,6 +7,11 @@ client disconnect*: while it sends a response a second task keeps receiving, so 
 noticed at once even while the server sleeps between two chunks.  It keeps connections alive
 between requests, and a slow stream costs one sleeping task and a socket, so hundreds of
 concurrent streams are cheap.
+
+A server in another process (``python -m trio_agents.testing``) is read over HTTP:
+``GET /_fake/requests?since=N`` returns the records from index ``N`` on as JSON, each time also
+given on ``time.monotonic()``, the clock every process on the machine shares (see
+:data:`RECORDS_PATH`).
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import http
 import json
 import socket
 import struct
+import time
+import urllib.parse
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -26,6 +33,7 @@ import h11
 import trio
 
 __all__ = [
+    "RECORDS_PATH",
     "ConnectionRecord",
     "Ending",
     "FakeServer",
@@ -96,6 +104,15 @@ class ConnectionRecord:
     closed_at: float | None = None
     requests: int = 0
 
+
+#: ``GET`` this path (outside the base path) for the records as JSON:
+#: ``{"requests": [...]}``, from index ``since`` (a query parameter, default 0) on.  Each record
+#: has the :class:`RequestRecord` fields but ``plan`` and ``body``; every time field ``x`` (trio
+#: clock) comes with ``x_monotonic`` (``time.monotonic()``), to compare with another process.
+#: These requests are answered at once and not recorded themselves.
+RECORDS_PATH = "/_fake/requests"
+
+_TIMES = ("opened_at", "response_started_at", "disconnected_at", "finished_at")
 
 #: Makes a plan from the parsed request JSON (``None`` if the body was not JSON).
 Responder: TypeAlias = Callable[[Any], ResponsePlan]
@@ -227,6 +244,38 @@ class FakeServer:
     async def _receive_request(
         self, stream: trio.SocketStream, conn: h11.Connection, record: ConnectionRecord
     ) -> RequestRecord | None:
+        """The next request to answer with a plan; records requests are answered on the way."""
+        while True:
+            received = await self._read_request(stream, conn)
+            if received is None:
+                return None
+            head, body = received
+            target = urllib.parse.urlsplit(head.target.decode())
+            if head.method != b"GET" or target.path != RECORDS_PATH:
+                break
+            await self._send_records(stream, conn, urllib.parse.parse_qs(target.query))
+        try:
+            parsed: Any = json.loads(body)
+        except ValueError:
+            parsed = None
+        record.requests += 1
+        request = RequestRecord(
+            index=len(self.requests),
+            connection=record.index,
+            method=head.method.decode(),
+            path=head.target.decode(),
+            headers={k.decode().lower(): v.decode() for k, v in head.headers},
+            body=body,
+            json=parsed,
+            opened_at=trio.current_time(),
+        )
+        self.requests.append(request)
+        self._notify()
+        return request
+
+    async def _read_request(
+        self, stream: trio.SocketStream, conn: h11.Connection
+    ) -> tuple[h11.Request, bytes] | None:
         head: h11.Request | None = None
         body = bytearray()
         try:
@@ -249,24 +298,29 @@ class FakeServer:
         except h11.RemoteProtocolError:
             return None
         assert head is not None
+        return head, bytes(body)
+
+    async def _send_records(
+        self, stream: trio.SocketStream, conn: h11.Connection, query: dict[str, list[str]]
+    ) -> None:
         try:
-            parsed: Any = json.loads(body)
+            since = int(query.get("since", ["0"])[0])
         except ValueError:
-            parsed = None
-        record.requests += 1
-        request = RequestRecord(
-            index=len(self.requests),
-            connection=record.index,
-            method=head.method.decode(),
-            path=head.target.decode(),
-            headers={k.decode().lower(): v.decode() for k, v in head.headers},
-            body=bytes(body),
-            json=parsed,
-            opened_at=trio.current_time(),
-        )
-        self.requests.append(request)
-        self._notify()
-        return request
+            since = 0
+        offset = time.monotonic() - trio.current_time()
+        records = []
+        for request in self.requests[max(since, 0) :]:
+            fields = attrs.asdict(request, filter=lambda a, _: a.name not in ("plan", "body"))
+            for name in _TIMES:
+                at = fields[name]
+                fields[f"{name}_monotonic"] = None if at is None else at + offset
+            records.append(fields)
+        body = json.dumps({"requests": records}).encode()
+        headers = [("content-type", "application/json"), ("content-length", str(len(body)))]
+        await stream.send_all(conn.send(h11.Response(status_code=200, headers=headers)) or b"")
+        await stream.send_all(conn.send(h11.Data(data=body)) or b"")
+        await stream.send_all(conn.send(h11.EndOfMessage()) or b"")
+        conn.start_next_cycle()
 
     async def _respond(
         self, stream: trio.SocketStream, conn: h11.Connection, record: RequestRecord
