@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from trio_agents.messages import ToolCall
 from trio_agents.testing import open_fake_openai_server, openai_stream
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,6 +108,44 @@ async def test_ctrl_c_cancels_the_invocation(tmp_path: Path) -> None:
     assert "interrupted (Ctrl-C)" in text
     assert "word0 word1" in text
     assert not server.requests[0].completed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("answer", "approved"), [(b"y\n", True), (b"n\n", False), (b"", False)])
+async def test_run_asks_the_terminal_to_approve(
+    tmp_path: Path, answer: bytes, approved: bool
+) -> None:
+    """`examples.deploy:agent`: the command asks before the tool runs; only ``y`` runs it, and
+    the model hears what happened."""
+    deploy = ToolCall(id="call_1", name="deploy", arguments='{"service": "api"}')
+    async with open_fake_openai_server() as server:
+        server.enqueue(openai_stream(tool_calls=[deploy]), openai_stream("Done."))
+        env = {
+            **os.environ,
+            "OPENAI_API_KEY": "sk-test",
+            "OPENAI_BASE_URL": server.base_url,
+            "PYTHONPATH": str(ROOT),
+        }
+        store = f"sqlite:///{tmp_path / 'agents.db'}"
+        with trio.fail_after(60):
+            done = await trio.run_process(
+                [*command(), "run", "examples.deploy:agent", "Ship api", "--store", store],
+                cwd=tmp_path,
+                env=env,
+                stdin=answer,
+                capture_stdout=True,
+                check=False,
+            )
+    out = done.stdout.decode()
+    assert done.returncode == 0, out
+    assert 'approve deploy({"service": "api"})? [y/N]' in out
+    [result] = [m for m in server.requests[1].json["messages"] if m["role"] == "tool"]
+    if approved:
+        assert result["content"] == "api is deployed"
+        assert "→ deploy" in out
+    else:
+        assert "not approved" in result["content"]
+        assert "→ deploy" not in out
 
 
 async def test_run_with_a_bad_agent_spec_is_a_clear_error() -> None:

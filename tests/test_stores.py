@@ -41,6 +41,7 @@ from trio_agents.models import ScriptedModel
 from trio_agents.runner import Runner
 from trio_agents.stores import (
     JSON,
+    ApprovalDecision,
     CancelRequest,
     InvocationRecord,
     Lease,
@@ -330,18 +331,63 @@ async def test_cancel_requests_persist_merge_and_clear(case: StoreCase) -> None:
         assert lease3.epoch == 1
 
 
+async def test_approval_decisions_persist_and_the_first_stands(case: StoreCase) -> None:
+    """Decisions are kept per approval, read in order from another process, stamped with the
+    store's clock; a second decision on the same approval is refused, even after the end."""
+    with trio.fail_after(10):
+        s, clock = case.store, case.clock
+        lease = await s.create_invocation(record("i1"), ttl=30)
+        await s.create_invocation(record("i2"), ttl=30)
+        yes = ApprovalDecision(
+            invocation_id="i1", approval_id="1:c1", approved=True, decided_by="alice"
+        )
+        no = ApprovalDecision(
+            invocation_id="i1", approval_id="1:c2", approved=False, reason="not «today»"
+        )
+        assert await s.decisions("i1") == []
+        assert await s.record_decision(yes) is True
+        clock.advance(1)
+        assert await s.record_decision(no) is True
+        assert await s.record_decision(attrs.evolve(yes, approved=False)) is False
+        with pytest.raises(InvocationNotFound, match="nope"):
+            await s.record_decision(attrs.evolve(yes, invocation_id="nope"))
+        async with case.twin() as other:
+            assert await other.decisions("i1") == [
+                attrs.evolve(yes, decided_at=clock.now - 1),
+                attrs.evolve(no, decided_at=clock.now),
+            ]
+            assert await other.decisions("i2") == []
+        await s.append_events(lease, [end("i1", 1, "paused")])
+        assert len(await s.decisions("i1")) == 2  # kept for the resume
+        assert await s.record_decision(attrs.evolve(no, approved=True)) is False
+
+
 @only(MEMORY, POSTGRES)
-async def test_wait_for_cancel_requests_wakes_on_a_request(case: StoreCase) -> None:
+async def test_a_decision_wakes_the_waiter(case: StoreCase) -> None:
+    """Recording a decision wakes ``wait_for_requests`` (in another process, for PostgreSQL)."""
+    with trio.fail_after(10):
+        await case.store.create_invocation(record("i1"), ttl=30)
+        async with case.twin() as other:
+            await other.wait_for_requests(timeout=0)  # starts listening
+            decision = ApprovalDecision(invocation_id="i1", approval_id="a", approved=True)
+            assert await case.store.record_decision(decision)
+            start = trio.current_time()
+            await other.wait_for_requests(timeout=5)
+            assert trio.current_time() - start < 2
+
+
+@only(MEMORY, POSTGRES)
+async def test_wait_for_requests_wakes_on_a_request(case: StoreCase) -> None:
     """A waiter (another process, for PostgreSQL) wakes as soon as a request is made."""
     with trio.fail_after(10):
         await case.store.create_invocation(record("i1"), ttl=30)
         async with case.twin() as other:
-            await other.wait_for_cancel_requests(timeout=0)  # starts listening
+            await other.wait_for_requests(timeout=0)  # starts listening
             woke_after: list[float] = []
 
             async def waiter() -> None:
                 start = trio.current_time()
-                await other.wait_for_cancel_requests(timeout=5)
+                await other.wait_for_requests(timeout=5)
                 woke_after.append(trio.current_time() - start)
 
             async with trio.open_nursery() as nursery:
@@ -358,25 +404,25 @@ async def test_a_request_between_waits_wakes_the_next_wait(case: StoreCase) -> N
     with trio.fail_after(10):
         await case.store.create_invocation(record("i1"), ttl=30)
         async with case.twin() as other:
-            await other.wait_for_cancel_requests(timeout=0)
+            await other.wait_for_requests(timeout=0)
             assert await case.store.request_cancel(CancelRequest(invocation_id="i1"))
             start = trio.current_time()
-            await other.wait_for_cancel_requests(timeout=5)
+            await other.wait_for_requests(timeout=5)
             assert trio.current_time() - start < 2
             start = trio.current_time()
-            await other.wait_for_cancel_requests(timeout=0.2)
+            await other.wait_for_requests(timeout=0.2)
             assert trio.current_time() - start >= 0.2
 
 
-async def test_wait_for_cancel_requests_times_out_and_cancels(case: StoreCase) -> None:
+async def test_wait_for_requests_times_out_and_cancels(case: StoreCase) -> None:
     """With no request the wait returns after `timeout`; a trio cancel ends it at once."""
     with trio.fail_after(10):
         start = trio.current_time()
-        await case.store.wait_for_cancel_requests(timeout=0.2)
+        await case.store.wait_for_requests(timeout=0.2)
         assert 0.2 <= trio.current_time() - start < 0.5
         start = trio.current_time()
         with trio.move_on_after(0.1) as scope:
-            await case.store.wait_for_cancel_requests(timeout=30)
+            await case.store.wait_for_requests(timeout=30)
         assert scope.cancelled_caught
         assert trio.current_time() - start < 0.5
 
@@ -387,7 +433,7 @@ async def test_memory_wait_runs_on_trio_time(autojump_clock: trio.abc.Clock) -> 
         store = MemoryStore()
         await store.create_invocation(record("i1"), ttl=30)
         start = trio.current_time()
-        await store.wait_for_cancel_requests(timeout=600)
+        await store.wait_for_requests(timeout=600)
         assert trio.current_time() - start == pytest.approx(600)
 
         async def request_later() -> None:
@@ -397,7 +443,7 @@ async def test_memory_wait_runs_on_trio_time(autojump_clock: trio.abc.Clock) -> 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(request_later)
             start = trio.current_time()
-            await store.wait_for_cancel_requests(timeout=600)
+            await store.wait_for_requests(timeout=600)
             assert trio.current_time() - start == pytest.approx(10)
 
 
@@ -688,7 +734,7 @@ async def test_open_store_postgres_url_with_schema(postgres_url: str, postgres_s
                     (postgres_schema,),
                 )
             )
-            assert rows[0][0] == 6
+            assert rows[0][0] == 7  # six tables and approval_decisions (schema 2)
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ shielded scope with a short deadline, then published, then ``wait()`` returns.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, TypeVar
 
@@ -17,8 +17,10 @@ import attrs
 import trio
 
 from ._exceptions import SessionNotFound, StoreError, UsageError
-from .agents._context import AgentLike, StopRequested
+from .agents._context import AgentLike, ApprovalAnswer, PauseRequested, StopRequested
 from .events import (
+    ApprovalDecided,
+    ApprovalRequested,
     CancelRequested,
     ErrorInfo,
     Event,
@@ -41,7 +43,7 @@ from .messages import (
     Usage,
     UserMessage,
 )
-from .stores._base import InvocationRecord, Lease, SessionEntry
+from .stores._base import ApprovalDecision, InvocationRecord, Lease, SessionEntry
 
 if TYPE_CHECKING:
     from .runner import Runner
@@ -71,6 +73,8 @@ class Outcome:
         cancel_mode: the strongest mode asked for.
         cancelled_by: who asked first (``by=`` of the cancel, or the process that persisted a
             cancel request), when they said.
+        pending_approvals: when ``paused``, the approvals it waits for (decide them with
+            :meth:`Runner.decide`, then :meth:`Runner.resume` it).
     """
 
     invocation_id: str
@@ -84,6 +88,7 @@ class Outcome:
     cancel_requested: bool = False
     cancel_mode: CancelMode | None = None
     cancelled_by: str | None = None
+    pending_approvals: tuple[str, ...] = ()
     store_error: str | None = None
 
 
@@ -198,13 +203,61 @@ class _Context:
     async def record_step_finished(self, output: str) -> None:
         await self._inv._record(StepFinished, path=self.path, output=output)
 
+    async def await_approvals(
+        self, turn: int, calls: Sequence[ToolCall]
+    ) -> Mapping[str, ApprovalAnswer]:
+        inv = self._inv
+        requested = {e.approval_id for e in self.journal if isinstance(e, ApprovalRequested)}
+        answers = {
+            e.approval_id: ApprovalAnswer(
+                approval_id=e.approval_id, approved=e.approved, reason=e.reason
+            )
+            for e in self.journal
+            if isinstance(e, ApprovalDecided)
+        }
+        prefix = f"{self.path}/" if self.path else ""
+        ids = {call.id: f"{prefix}{turn}:{call.id}" for call in calls}
+        for call in calls:
+            approval_id = ids[call.id]
+            if approval_id not in requested and approval_id not in answers:
+                await inv._record(
+                    ApprovalRequested, path=self.path, turn=turn, approval_id=approval_id, call=call
+                )
+        pending = [a for a in ids.values() if a not in answers]
+        if pending:
+            decisions = await inv._wait_for_decisions(pending)
+            for approval_id in pending:
+                decision = decisions[approval_id]
+                await inv._record(
+                    ApprovalDecided,
+                    path=self.path,
+                    turn=turn,
+                    approval_id=approval_id,
+                    approved=decision.approved,
+                    reason=decision.reason,
+                    by=decision.decided_by,
+                )
+                answers[approval_id] = ApprovalAnswer(
+                    approval_id=approval_id, approved=decision.approved, reason=decision.reason
+                )
+        return {call_id: answers[approval_id] for call_id, approval_id in ids.items()}
 
-def _only_stops(exc: Exception) -> bool:
-    """Whether ``exc`` is a safe-point stop, alone or grouped (parallel workflow branches)."""
+
+def _signals(exc: Exception) -> list[Exception] | None:
+    """The stop and pause signals ``exc`` consists of (parallel workflow branches raise them
+    grouped), or ``None`` if it holds anything else."""
+    if isinstance(exc, (StopRequested, PauseRequested)):
+        return [exc]
     if isinstance(exc, ExceptionGroup):
-        _, rest = exc.split(StopRequested)
-        return rest is None
-    return isinstance(exc, StopRequested)
+        matched, rest = exc.split((StopRequested, PauseRequested))
+        if rest is None and matched is not None:
+            leaves: list[Exception] = []
+            for sub in matched.exceptions:
+                found = _signals(sub)
+                assert found is not None
+                leaves.extend(found)
+            return leaves
+    return None
 
 
 def _leaf(exc: BaseException) -> BaseException:
@@ -242,6 +295,10 @@ class Invocation:
         self._token = trio.lowlevel.current_trio_token()
         self._scope = trio.CancelScope()
         self._stream_scopes: set[trio.CancelScope] = set()
+        self._approval_scopes: set[trio.CancelScope] = set()
+        self._waiting: dict[str, ApprovalDecision | None] = {}
+        self._approval_lot = trio.lowlevel.ParkingLot()
+        self._pending_approvals: tuple[str, ...] = ()
         self._mode: CancelMode | None = None
         self._reason: str | None = None
         self._cancelled_by: str | None = None
@@ -348,8 +405,54 @@ class Invocation:
         elif self._mode == "after_tools":
             for scope in self._stream_scopes:
                 scope.cancel(reason=self._reason)
+        for scope in self._approval_scopes:  # every mode ends a wait for a person
+            scope.cancel(reason=self._reason)
         if grace is not None and self._mode != "immediate":
             self._scope.deadline = min(self._scope.deadline, trio.current_time() + grace)
+
+    # ---- approvals --------------------------------------------------------------------------
+
+    def _deliver(self, decision: ApprovalDecision) -> bool:
+        """Hand a decision to the wait parked on it; ``False`` if none is."""
+        if self._waiting.get(decision.approval_id, decision) is not None:
+            return False
+        self._waiting[decision.approval_id] = decision
+        self._approval_lot.unpark_all()
+        return True
+
+    def _parked_on(self, approval_id: str) -> bool:
+        return approval_id in self._waiting
+
+    async def _wait_for_decisions(self, pending: Sequence[str]) -> dict[str, ApprovalDecision]:
+        """Park until each of ``pending`` is decided (here, by :meth:`Runner.decide`, or in
+        another process, through the store and the runner's watcher)."""
+        waiting = self._waiting
+        for approval_id in pending:
+            waiting[approval_id] = None
+        try:
+            for decision in await self._runner.store.decisions(self.id):  # made while paused
+                self._deliver(decision)
+            timeout = self._runner.approval_timeout
+            with trio.CancelScope() as scope:
+                if timeout is not None:
+                    scope.deadline = trio.current_time() + timeout
+                self._approval_scopes.add(scope)
+                if self._mode is not None:
+                    scope.cancel(reason=self._reason)
+                try:
+                    while any(waiting[a] is None for a in pending):
+                        await self._approval_lot.park()
+                finally:
+                    self._approval_scopes.discard(scope)
+            missing = [a for a in pending if waiting[a] is None]
+            if missing:
+                if self._mode is not None:
+                    raise StopRequested
+                raise PauseRequested(missing)
+            return {a: d for a in pending if (d := waiting[a]) is not None}
+        finally:
+            for approval_id in pending:
+                waiting.pop(approval_id, None)
 
     # ---- events -----------------------------------------------------------------------------
 
@@ -400,11 +503,17 @@ class Invocation:
                 else:
                     status = "completed"
             except Exception as exc:
-                if _only_stops(exc):
-                    status = "cancelled"
-                else:
+                signals = _signals(exc)
+                if signals is None:
                     status = "failed"
                     error = _leaf(exc)
+                elif self._mode is not None or any(isinstance(s, StopRequested) for s in signals):
+                    status = "cancelled"
+                else:
+                    status = "paused"
+                    self._pending_approvals = tuple(
+                        a for s in signals if isinstance(s, PauseRequested) for a in s.pending
+                    )
         finally:
             if status is None:  # a cancel from outside the invocation: the runner is stopping
                 status = "cancelled"
@@ -478,6 +587,8 @@ class Invocation:
             output = "".join(self._partial) or self._last_text
         if status == "failed" and error is not None:
             reason: str | None = f"{type(error).__name__}: {error}"
+        elif status == "paused":
+            reason = f"awaiting approval: {', '.join(self._pending_approvals)}"
         else:
             reason = self._reason if status == "cancelled" else None
         checkpoint_id: str | None = None
@@ -493,6 +604,7 @@ class Invocation:
                 checkpoint_id=f"{self.id}:{self._seq + 1}",
                 cancel_requested=self._mode is not None,
                 cancelled_by=self._cancelled_by,
+                pending_approvals=self._pending_approvals,
             )
             try:
                 if self._lease is None:  # cancelled before the record was created
@@ -530,6 +642,7 @@ class Invocation:
             cancel_requested=self._mode is not None,
             cancel_mode=self._mode,
             cancelled_by=self._cancelled_by,
+            pending_approvals=self._pending_approvals,
             store_error=store_error,
         )
         self._publish(ended)

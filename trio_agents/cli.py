@@ -2,6 +2,9 @@
 
 ``trio-agents demo``                      the offline demo (no API key, no network)
 ``trio-agents run module:agent "prompt"`` run an agent against a real endpoint; Ctrl-C cancels
+
+A tool that requires approval is put to the person at the terminal (``y`` approves; anything
+else, or the end of stdin, declines).
 """
 
 from __future__ import annotations
@@ -14,10 +17,11 @@ from pathlib import Path
 
 import trio
 from rich.console import Console
+from rich.markup import escape
 
 from ._exceptions import TrioAgentsError, UsageError
 from .agents import AgentLike
-from .events import TextDelta, ToolCallFinished, ToolCallStarted
+from .events import ApprovalRequested, TextDelta, ToolCallFinished, ToolCallStarted
 from .runner import Outcome, Runner
 
 __all__ = ["main"]
@@ -52,9 +56,26 @@ async def _run(console: Console, agent: AgentLike, prompt: str, store: str) -> O
                 await aclose()
 
 
+async def _ask(console: Console, runner: Runner, event: ApprovalRequested, lock: trio.Lock) -> None:
+    """Put one approval to the person at the terminal, then decide it."""
+    async with lock:  # one question at a time on the terminal
+        call = event.call
+        what = escape(f"{call.name}({call.arguments})")
+        console.print(f"\n[bold]approve {what}?[/] \\[y/N] ", end="")
+        # readline cannot be interrupted: on cancel (the invocation ended) the thread is left
+        # blocked on stdin, and it is a daemon thread that the process exit ends.
+        line = await trio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)
+        approved = line.strip().lower() in ("y", "yes")
+        reason = None if approved else ("declined at the terminal" if line else "no answer")
+        await runner.decide(
+            event.invocation_id, event.approval_id, approved=approved, reason=reason, by="cli"
+        )
+
+
 async def _run_and_show(console: Console, agent: AgentLike, prompt: str, store: str) -> Outcome:
     async with Runner(store=store) as runner:
         inv = runner.start(agent, prompt)
+        questions = trio.Lock()
         async with trio.open_nursery() as nursery:
 
             async def on_ctrl_c() -> None:
@@ -67,9 +88,12 @@ async def _run_and_show(console: Console, agent: AgentLike, prompt: str, store: 
                 if isinstance(event, TextDelta):
                     console.print(event.text, end="", markup=False, highlight=False)
                 elif isinstance(event, ToolCallStarted):
-                    console.print(f"\n[yellow]→ {event.call.name}({event.call.arguments})[/]")
+                    call = escape(f"{event.call.name}({event.call.arguments})")
+                    console.print(f"\n[yellow]→ {call}[/]")
                 elif isinstance(event, ToolCallFinished):
-                    console.print(f"[yellow]← {event.result.content[:200]}[/]")
+                    console.print(f"[yellow]← {escape(event.result.content[:200])}[/]")
+                elif isinstance(event, ApprovalRequested):
+                    nursery.start_soon(_ask, console, runner, event, questions)
             outcome = await inv.wait()
             nursery.cancel_scope.cancel()
     console.print()

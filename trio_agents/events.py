@@ -35,6 +35,8 @@ from .messages import (
 __all__ = [
     "TERMINAL_STATUSES",
     "WIRE_VERSION",
+    "ApprovalDecided",
+    "ApprovalRequested",
     "CancelRequested",
     "ErrorInfo",
     "Event",
@@ -177,6 +179,40 @@ class StepFinished:
 
 
 @attrs.frozen(kw_only=True)
+class ApprovalRequested:
+    """A tool call waits for a person's approval (``approval_id``) before it runs.
+
+    Answer it with ``await runner.decide(invocation_id, approval_id, approved=...)``.
+    """
+
+    kind: Literal["approval_requested"] = "approval_requested"
+    invocation_id: str
+    seq: int
+    at: float
+    path: str = ""
+    turn: int
+    approval_id: str
+    call: ToolCall
+
+
+@attrs.frozen(kw_only=True)
+class ApprovalDecided:
+    """The invocation took up the decision on ``approval_id``: the call runs, or the model is
+    told it was not approved (``reason``)."""
+
+    kind: Literal["approval_decided"] = "approval_decided"
+    invocation_id: str
+    seq: int
+    at: float
+    path: str = ""
+    turn: int
+    approval_id: str
+    approved: bool
+    reason: str | None = None
+    by: str | None = None
+
+
+@attrs.frozen(kw_only=True)
 class CancelRequested:
     """Someone asked the invocation to stop (the strongest mode so far, the first reason)."""
 
@@ -209,6 +245,7 @@ class InvocationEnded:
     checkpoint_id: str | None = None
     cancel_requested: bool = False
     cancelled_by: str | None = None
+    pending_approvals: tuple[str, ...] = ()
 
 
 Event: TypeAlias = (
@@ -219,6 +256,8 @@ Event: TypeAlias = (
     | ToolCallFinished
     | TurnFinished
     | StepFinished
+    | ApprovalRequested
+    | ApprovalDecided
     | CancelRequested
     | InvocationEnded
 )
@@ -233,6 +272,8 @@ _EVENT_TYPES: Final[dict[str, type[Any]]] = {
         ToolCallFinished,
         TurnFinished,
         StepFinished,
+        ApprovalRequested,
+        ApprovalDecided,
         CancelRequested,
         InvocationEnded,
     )

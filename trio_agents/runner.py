@@ -13,7 +13,8 @@ What happens on cancel
     closes the HTTP response (the server sees the disconnect), tools get ``trio.Cancelled`` at
     their next checkpoint, and the invocation ends ``cancelled``.  ``after_tools`` cancels only
     the model stream (if one is open) and lets running tools finish; ``after_turn`` lets the
-    turn and its tools finish.  Both stop at the next safe point (before a model call).
+    turn and its tools finish.  Both stop at the next safe point (before a model call).  A
+    wait for a person's approval is a safe point too: every mode ends it at once.
     ``grace=`` sets the scope's deadline, so a safe-point cancel becomes immediate when it
     expires.  Later calls only strengthen the mode; the first reason is kept.  A cancel of the
     runner's block itself (Ctrl-C, an outer deadline) ends each invocation ``cancelled`` with
@@ -24,6 +25,15 @@ What is persisted first
     to the store *before* it is published to subscribers.  The terminal event is written in a
     shielded scope with a short deadline (``cleanup_timeout``), then published, then ``wait()``
     returns.  Text deltas are published only: the finished turn that contains them is durable.
+
+Approvals
+    A tool declared ``requires_approval=True`` does not run until :meth:`Runner.decide` says
+    so.  The request is journaled (``approval_requested``) and the invocation parks inside its
+    own scope (a hot wait: no thread, no connection).  A decision is recorded in the store
+    before it is handed over - at once here, through the store from another process - and
+    journaled (``approval_decided``) by the invocation when it takes it up.  Past
+    ``approval_timeout`` the invocation ends ``paused`` (a cold pause: no task, no lease); a
+    decision made meanwhile waits in the store, and :meth:`Runner.resume` continues.
 """
 
 from __future__ import annotations
@@ -41,7 +51,8 @@ import trio
 from ._exceptions import InvocationNotFound, LeaseError, StoreError, UsageError
 from ._invocation import _STRENGTH, CancelMode, EventStream, Invocation, Outcome
 from .agents._context import AgentLike
-from .stores._base import CancelRequest, Store
+from .events import ApprovalDecided, ApprovalRequested
+from .stores._base import ApprovalDecision, CancelRequest, Store
 from .stores._open import open_store
 
 __all__ = ["CancelMode", "EventStream", "Invocation", "Outcome", "Runner"]
@@ -60,9 +71,14 @@ class Runner:
         owner: this process's name in leases (default: host, pid and a random suffix).
         lease_ttl: seconds a lease lasts; it is renewed every third of that while running.
         cleanup_timeout: the deadline of the shielded terminal write.
-        cancel_poll_interval: how often (at most) the store is asked for cancel requests made
-            by other processes.  Stores that can push them (memory, PostgreSQL's
-            LISTEN/NOTIFY) wake the runner at once; SQLite is polled at this interval.
+        cancel_poll_interval: how often (at most) the store is asked for cancel requests and
+            approval decisions made by other processes.  Stores that can push them (memory,
+            PostgreSQL's LISTEN/NOTIFY) wake the runner at once; SQLite is polled at this
+            interval.
+        approval_timeout: how long an invocation waits for a person to decide on a tool call
+            that requires approval before it ends ``paused`` (its task, its connection and its
+            lease released; :meth:`resume` continues it once decided).  ``None`` (the default)
+            waits until a decision or a cancel.
     """
 
     def __init__(
@@ -74,11 +90,17 @@ class Runner:
         lease_ttl: float = 30.0,
         cleanup_timeout: float = 5.0,
         cancel_poll_interval: float = 1.0,
+        approval_timeout: float | None = None,
     ) -> None:
         if lease_ttl <= 0 or cleanup_timeout <= 0 or cancel_poll_interval <= 0:
             raise UsageError(
                 "lease_ttl, cleanup_timeout and cancel_poll_interval must be positive seconds"
             )
+        if approval_timeout is not None and not approval_timeout >= 0:
+            raise UsageError(
+                f"approval_timeout must be seconds >= 0 or None, got {approval_timeout!r}"
+            )
+        self.approval_timeout = approval_timeout
         self.cancel_poll_interval = cancel_poll_interval
         self._store_spec = store
         self._agents: dict[str, AgentLike] = {a.name: a for a in agents}
@@ -103,7 +125,7 @@ class Runner:
             self._store = await stack.enter_async_context(open_store(self._store_spec))
             system = await stack.enter_async_context(trio.open_nursery())
             system.start_soon(self._renew_leases)
-            system.start_soon(self._watch_cancel_requests)
+            system.start_soon(self._watch_requests)
             # Exits run in reverse: the invocations' nursery is left first (waiting for them),
             # then the background tasks are cancelled, then the store is closed.
             stack.callback(system.cancel_scope.cancel)
@@ -262,6 +284,54 @@ class Runner:
         )
         return await self.store.request_cancel(request)
 
+    async def decide(
+        self,
+        invocation_id: str,
+        approval_id: str,
+        *,
+        approved: bool,
+        reason: str | None = None,
+        by: str | None = None,
+    ) -> bool:
+        """Approve or deny a tool call that waits for approval (an ``approval_requested``
+        event names ``approval_id``).
+
+        Durable first: the decision is recorded in the store, then handed to the invocation -
+        at once if it waits here, through the store if it runs in another process, or when
+        it is resumed if it is ``paused``.  A denied call does not run; the model is told it
+        was not approved, with ``reason``.
+
+        Returns ``False`` if that approval was decided already (the first decision stands).
+        Raises :class:`~trio_agents.InvocationNotFound`, and
+        :class:`~trio_agents.UsageError` if ``approved`` is not a bool or the invocation never
+        asked for ``approval_id``.
+        """
+        if not isinstance(approved, bool):
+            raise UsageError(f"approved must be True or False, got {approved!r}")
+        inv = self._active.get(invocation_id)
+        if inv is None or not inv._parked_on(approval_id):
+            events = inv._log if inv is not None else await self.store.load_events(invocation_id)
+            asked = [e.approval_id for e in events if isinstance(e, ApprovalRequested)]
+            if approval_id not in asked:
+                raise UsageError(
+                    f"invocation {invocation_id!r} has no approval {approval_id!r}; "
+                    + (f"it asked for: {', '.join(asked)}" if asked else "it asked for none")
+                )
+            if any(isinstance(e, ApprovalDecided) and e.approval_id == approval_id for e in events):
+                return False
+        decision = ApprovalDecision(
+            invocation_id=invocation_id,
+            approval_id=approval_id,
+            approved=approved,
+            reason=reason,
+            decided_by=by or self.owner,
+        )
+        recorded = await self.store.record_decision(decision)
+        inv = self._active.get(invocation_id)
+        if recorded and inv is not None:
+            inv._deliver(decision)
+        return recorded
+
     def cancel_all(
         self,
         mode: CancelMode = "immediate",
@@ -291,19 +361,26 @@ class Runner:
                 except StoreError as exc:  # down for now: try again next round
                     logger.warning("could not renew the lease of %s: %s", inv.id, exc)
 
-    async def _watch_cancel_requests(self) -> None:
-        """Apply cancel requests that other processes persisted for invocations running here."""
+    async def _watch_requests(self) -> None:
+        """Apply the cancel requests and approval decisions that other processes persisted
+        for invocations running here."""
         while True:
             try:
-                await self.store.wait_for_cancel_requests(timeout=self.cancel_poll_interval)
+                await self.store.wait_for_requests(timeout=self.cancel_poll_interval)
                 if not self._active:
                     continue
                 requests = await self.store.cancel_requests(list(self._active))
+                waiting = [inv for inv in self._active.values() if inv._waiting]
+                decisions = [d for inv in waiting for d in await self.store.decisions(inv.id)]
             except StoreError as exc:  # the store is down: keep running, ask again later
-                logger.warning("could not read cancel requests: %s", exc)
+                logger.warning("could not read cancel requests or decisions: %s", exc)
                 await trio.sleep(self.cancel_poll_interval)
                 continue
             for request in requests:
                 inv = self._active.get(request.invocation_id)
                 if inv is not None:
                     inv.cancel(request.mode, reason=request.reason, by=request.requested_by)
+            for decision in decisions:
+                inv = self._active.get(decision.invocation_id)
+                if inv is not None:
+                    inv._deliver(decision)

@@ -6,16 +6,17 @@ they know nothing of stores, subscribers or transports.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Protocol
 
+import attrs
 import trio
 
 from ..events import Event
 from ..messages import Message, ModelResponse, ToolCall, ToolResult
 
-__all__ = ["AgentLike", "RunContext", "StopRequested"]
+__all__ = ["AgentLike", "ApprovalAnswer", "PauseRequested", "RunContext", "StopRequested"]
 
 
 class StopRequested(Exception):
@@ -23,6 +24,27 @@ class StopRequested(Exception):
 
     Internal signal between the agent loop and the runner; it never reaches users.
     """
+
+
+class PauseRequested(Exception):
+    """Raised when approvals were not decided within the runner's ``approval_timeout``: the
+    invocation ends ``paused`` (nothing runs, nothing is held) until it is resumed.
+
+    Internal signal between the agent loop and the runner; it never reaches users.
+    """
+
+    def __init__(self, pending: Sequence[str]) -> None:
+        super().__init__(f"awaiting approval: {', '.join(pending)}")
+        self.pending = tuple(pending)
+
+
+@attrs.frozen(kw_only=True)
+class ApprovalAnswer:
+    """The decision on one tool call that needed approval."""
+
+    approval_id: str
+    approved: bool
+    reason: str | None = None
 
 
 class RunContext(Protocol):
@@ -90,6 +112,17 @@ class RunContext(Protocol):
 
     async def record_tool_finished(self, turn: int, result: ToolResult) -> None:
         """Journal a tool result, then publish it."""
+        ...
+
+    async def await_approvals(
+        self, turn: int, calls: Sequence[ToolCall]
+    ) -> Mapping[str, ApprovalAnswer]:
+        """Ask for approval of each call (journaled once, also across resumes), then wait
+        until every one is decided; return the answers by call id.
+
+        A cancel of any mode ends the wait (:class:`StopRequested` for a safe-point mode);
+        :class:`PauseRequested` if the runner's ``approval_timeout`` passes first.
+        """
         ...
 
 

@@ -8,6 +8,11 @@ Everything the loop starts lives inside the invocation's cancel scope: cancellin
 model's stream (the server sees the disconnect) and delivers ``trio.Cancelled`` to every running
 tool.  Safe points (between turns, after tools) are where ``after_turn`` / ``after_tools``
 cancels take effect.
+
+Tools declared ``requires_approval=True`` wait for a person: the turn's approvals are asked
+for (journaled, published as ``approval_requested``) and decided before any of its calls runs;
+a declined call is answered to the model as not approved.  The wait ends with any cancel, and
+with a pause when the runner's ``approval_timeout`` passes.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from .._exceptions import MaxTurnsExceeded, UsageError
 from ..messages import ModelRequest, ToolCall, ToolResult
 from ..models._base import Model, ReasoningChunk, TextChunk
 from ..tools import Tool, ToolContext, tool
-from ._context import RunContext, StopRequested
+from ._context import ApprovalAnswer, RunContext, StopRequested
 from ._transcript import Transcript
 
 __all__ = ["Agent"]
@@ -32,6 +37,12 @@ UNKNOWN_OUTCOME = (
     "unknown outcome: this call of tool {name!r} was started before the process running it "
     "stopped, so whether it took effect is unknown. It was not run again because the tool is "
     "not declared idempotent. Check its effect before calling it again."
+)
+
+
+NOT_APPROVED = (
+    "not approved: this call of tool {name!r} was not run because a person declined it"
+    "{reason}. Do not call it again unless asked to."
 )
 
 
@@ -84,11 +95,6 @@ class Agent:
             if t.name in by_name:
                 raise UsageError(
                     f"agent {name!r} has two tools named {t.name!r}; names must be unique"
-                )
-            if t.requires_approval:
-                raise UsageError(
-                    f"agent {name!r}: tool {t.name!r} requires approval, which this version of "
-                    "trio_agents does not support yet"
                 )
             by_name[t.name] = t
         self.name = name
@@ -156,15 +162,41 @@ class Agent:
     async def _run_tools(
         self, ctx: RunContext, transcript: Transcript, calls: list[ToolCall]
     ) -> None:
+        # Calls that need a person's approval get it first, all of them, before any call of
+        # the turn runs: a wait that ends in a pause then leaves nothing half-done.  A call
+        # journaled as started was approved before.
+        gated = [
+            c
+            for c in calls
+            if (t := self._tools.get(c.name)) is not None
+            and t.requires_approval
+            and c.id not in transcript.intents
+        ]
+        answers = await ctx.await_approvals(transcript.turns, gated) if gated else {}
         async with trio.open_nursery() as nursery:
             for call in calls:
-                nursery.start_soon(self._run_one, ctx, transcript, call)
+                nursery.start_soon(self._run_one, ctx, transcript, call, answers.get(call.id))
 
-    async def _run_one(self, ctx: RunContext, transcript: Transcript, call: ToolCall) -> None:
+    async def _run_one(
+        self,
+        ctx: RunContext,
+        transcript: Transcript,
+        call: ToolCall,
+        answer: ApprovalAnswer | None,
+    ) -> None:
         turn = transcript.turns
         found = self._tools.get(call.name)
         attempt = transcript.intents.get(call.id, 0) + 1
-        if attempt > 1 and (found is None or not found.idempotent):
+        if answer is not None and not answer.approved:
+            result = ToolResult(
+                call_id=call.id,
+                name=call.name,
+                content=NOT_APPROVED.format(
+                    name=call.name, reason=f": {answer.reason}" if answer.reason else ""
+                ),
+                is_error=True,
+            )
+        elif attempt > 1 and (found is None or not found.idempotent):
             result = ToolResult(
                 call_id=call.id,
                 name=call.name,

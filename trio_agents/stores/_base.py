@@ -44,6 +44,7 @@ from ..messages import Message
 
 __all__ = [
     "JSON",
+    "ApprovalDecision",
     "CancelRequest",
     "InvocationRecord",
     "InvocationStatus",
@@ -103,6 +104,22 @@ class CancelRequest:
     reason: str | None = None
     requested_by: str | None = None
     requested_at: float = 0.0
+
+
+@attrs.frozen(kw_only=True)
+class ApprovalDecision:
+    """Someone's answer to an approval request, kept until the invocation reads it.
+
+    It may be made while the invocation runs (here or in another process) or while it is
+    paused; the invocation journals it (``approval_decided``) when it takes it up.
+    """
+
+    invocation_id: str
+    approval_id: str
+    approved: bool
+    reason: str | None = None
+    decided_by: str | None = None
+    decided_at: float = 0.0
 
 
 @attrs.frozen(kw_only=True)
@@ -215,7 +232,7 @@ class Store(Protocol):
 
         Requests for the same invocation merge: the mode only strengthens (``after_turn`` <
         ``after_tools`` < ``immediate``) and the first reason is kept.  ``requested_at`` of
-        ``0.0`` is stamped with the store's clock.  Wakes :meth:`wait_for_cancel_requests`
+        ``0.0`` is stamped with the store's clock.  Wakes :meth:`wait_for_requests`
         (in other processes too, where the store can).
         """
         ...
@@ -224,16 +241,31 @@ class Store(Protocol):
         """The pending cancel requests for these invocations (the owner polls this)."""
         ...
 
+    async def record_decision(self, decision: ApprovalDecision) -> bool:
+        """Persist an approval decision; ``False`` if that approval has one already (the first
+        decision stands).  ``decided_at`` of ``0.0`` is stamped with the store's clock.
+
+        Raises :class:`~trio_agents.InvocationNotFound`.  Wakes :meth:`wait_for_requests`
+        (in other processes too, where the store can).
+        """
+        ...
+
+    async def decisions(self, invocation_id: str) -> list[ApprovalDecision]:
+        """The approval decisions recorded for this invocation, oldest first."""
+        ...
+
     # `timeout` is the longest a caller goes without re-polling (a store that cannot be woken
     # simply sleeps it), not a deadline to give up at: returning after it is the normal outcome.
-    async def wait_for_cancel_requests(self, *, timeout: float) -> None:  # noqa: ASYNC109
-        """Return when a new cancel request may have arrived, else after ``timeout`` seconds.
+    async def wait_for_requests(self, *, timeout: float) -> None:  # noqa: ASYNC109
+        """Return when a cancel request or an approval decision may have arrived, else after
+        ``timeout`` seconds.
 
-        The owner of running invocations loops: read :meth:`cancel_requests`, act on them, then
-        wait here.  Wakeups may be spurious and a store may simply sleep (SQLite), so always
-        re-read :meth:`cancel_requests` after this returns.  Where the store can tell (memory,
-        PostgreSQL), a request made since the previous wait returned wakes the next wait at
-        once.  On cancel the wait ends at once and nothing is left behind.
+        The owner of running invocations loops: read :meth:`cancel_requests` (and
+        :meth:`decisions` of invocations waiting for one), act on them, then wait here.
+        Wakeups may be spurious and a store may simply sleep (SQLite), so always re-read after
+        this returns.  Where the store can tell (memory, PostgreSQL), a request made since the
+        previous wait returned wakes the next wait at once.  On cancel the wait ends at once
+        and nothing is left behind.
         """
         ...
 

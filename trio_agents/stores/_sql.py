@@ -26,6 +26,7 @@ from .._exceptions import (
 from ..events import Event, InvocationEnded, encode
 from ._base import (
     JSON,
+    ApprovalDecision,
     CancelRequest,
     InvocationRecord,
     InvocationStatus,
@@ -99,6 +100,18 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
             PRIMARY KEY (session_id, seq)
         )""",
     ),
+    # 2: approval decisions, kept until (and after) the invocation journals them.
+    (
+        """CREATE TABLE approval_decisions (
+            invocation_id TEXT NOT NULL REFERENCES invocations (id) ON DELETE CASCADE,
+            approval_id TEXT NOT NULL,
+            approved BIGINT NOT NULL,
+            reason TEXT,
+            decided_by TEXT,
+            decided_at DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (invocation_id, approval_id)
+        )""",
+    ),
 )
 
 _COLUMNS: Final = (
@@ -127,8 +140,8 @@ class Tx(Protocol):
 
     def run_many(self, sql: str, params: Sequence[Sequence[Any]]) -> None: ...
 
-    def notify_cancel(self, invocation_id: str) -> None:
-        """Wake other processes' :meth:`Store.wait_for_cancel_requests`, on commit."""
+    def notify(self, invocation_id: str) -> None:
+        """Wake other processes' :meth:`Store.wait_for_requests`, on commit."""
         ...
 
 
@@ -341,7 +354,7 @@ def request_cancel(tx: Tx, request: CancelRequest) -> bool:
             merged.requested_at,
         ),
     )
-    tx.notify_cancel(request.invocation_id)
+    tx.notify(request.invocation_id)
     return True
 
 
@@ -357,6 +370,50 @@ def cancel_requests(tx: Tx, invocation_ids: Sequence[str]) -> list[CancelRequest
         ):
             found[row[0]] = _cancel(row)
     return [found[i] for i in invocation_ids if i in found]
+
+
+# ---- approval decisions -------------------------------------------------------------------
+
+_DECISION_COLUMNS: Final = "invocation_id, approval_id, approved, reason, decided_by, decided_at"
+
+
+def record_decision(tx: Tx, decision: ApprovalDecision) -> bool:
+    if not tx.rows("SELECT 1 FROM invocations WHERE id = ?", (decision.invocation_id,)):
+        raise InvocationNotFound(f"no invocation with id {decision.invocation_id!r}")
+    inserted = tx.run(
+        f"INSERT INTO approval_decisions ({_DECISION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)"
+        " ON CONFLICT (invocation_id, approval_id) DO NOTHING",
+        (
+            decision.invocation_id,
+            decision.approval_id,
+            int(decision.approved),
+            decision.reason,
+            decision.decided_by,
+            decision.decided_at or tx.now(),
+        ),
+    )
+    if inserted:
+        tx.notify(decision.invocation_id)
+    return bool(inserted)
+
+
+def decisions(tx: Tx, invocation_id: str) -> list[ApprovalDecision]:
+    rows = tx.rows(
+        f"SELECT {_DECISION_COLUMNS} FROM approval_decisions WHERE invocation_id = ?"
+        " ORDER BY decided_at, approval_id",
+        (invocation_id,),
+    )
+    return [
+        ApprovalDecision(
+            invocation_id=row[0],
+            approval_id=row[1],
+            approved=bool(row[2]),
+            reason=row[3],
+            decided_by=row[4],
+            decided_at=float(row[5]),
+        )
+        for row in rows
+    ]
 
 
 # ---- sessions -----------------------------------------------------------------------------

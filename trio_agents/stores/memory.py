@@ -18,6 +18,7 @@ from .._exceptions import InvocationNotFound, SessionNotFound, StoreError, Usage
 from ..events import Event, InvocationEnded
 from ._base import (
     JSON,
+    ApprovalDecision,
     CancelRequest,
     InvocationRecord,
     InvocationStatus,
@@ -40,7 +41,7 @@ __all__ = ["MemoryStore"]
 class MemoryStore:
     """Keeps everything in dicts.  ``clock`` (Unix seconds) is injectable for lease tests.
 
-    :meth:`wait_for_cancel_requests` waits on trio time, so it runs under ``autojump_clock``.
+    :meth:`wait_for_requests` waits on trio time, so it runs under ``autojump_clock``.
     """
 
     def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
@@ -48,7 +49,8 @@ class MemoryStore:
         self._records: dict[str, InvocationRecord] = {}
         self._journals: dict[str, list[Event]] = {}
         self._cancels: dict[str, CancelRequest] = {}
-        self._cancel_poke = trio.Event()
+        self._decisions: dict[tuple[str, str], ApprovalDecision] = {}
+        self._poke = trio.Event()
         self._sessions: dict[str, Session] = {}
 
     def __repr__(self) -> str:
@@ -161,25 +163,41 @@ class MemoryStore:
         request = attrs.evolve(request, requested_at=request.requested_at or self._clock())
         old = self._cancels.get(request.invocation_id)
         self._cancels[request.invocation_id] = merge_cancel(old, request)
-        self._cancel_poke.set()
+        self._poke.set()
         return True
 
     async def cancel_requests(self, invocation_ids: Sequence[str]) -> list[CancelRequest]:
         await trio.lowlevel.checkpoint()
         return [self._cancels[i] for i in invocation_ids if i in self._cancels]
 
+    async def record_decision(self, decision: ApprovalDecision) -> bool:
+        await trio.lowlevel.checkpoint()
+        self._get(decision.invocation_id)
+        key = (decision.invocation_id, decision.approval_id)
+        if key in self._decisions:
+            return False
+        self._decisions[key] = attrs.evolve(
+            decision, decided_at=decision.decided_at or self._clock()
+        )
+        self._poke.set()
+        return True
+
+    async def decisions(self, invocation_id: str) -> list[ApprovalDecision]:
+        await trio.lowlevel.checkpoint()
+        return [d for (i, _), d in self._decisions.items() if i == invocation_id]
+
     # `timeout` is the longest a caller goes without re-polling (a store that cannot be woken
     # simply sleeps it), not a deadline to give up at: returning after it is the normal outcome.
-    async def wait_for_cancel_requests(self, *, timeout: float) -> None:  # noqa: ASYNC109
-        """Wait (trio time) until :meth:`request_cancel` is called, or ``timeout`` passes.
+    async def wait_for_requests(self, *, timeout: float) -> None:  # noqa: ASYNC109
+        """Wait (trio time) until a cancel request or a decision is recorded, or ``timeout``.
 
         A request made since the previous wait returned wakes this one at once.
         """
-        poke = self._cancel_poke
+        poke = self._poke
         with trio.move_on_after(timeout):
             await poke.wait()
-        if poke.is_set() and self._cancel_poke is poke:
-            self._cancel_poke = trio.Event()
+        if poke.is_set() and self._poke is poke:
+            self._poke = trio.Event()
 
     # ---- sessions --------------------------------------------------------------------------
 

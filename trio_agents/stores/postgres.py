@@ -5,15 +5,16 @@ Who owns what
     asyncio only), called from worker threads; a ``trio.Semaphore`` as large as the pool, so a
     call waits for a free connection in trio (cancellable) rather than in a thread.  The pool
     runs a few threads of its own (connection upkeep).  For
-    :meth:`PostgresStore.wait_for_cancel_requests`, one more connection that ``LISTEN``\\s,
+    :meth:`PostgresStore.wait_for_requests`, one more connection that ``LISTEN``\\s,
     watched with ``trio.lowlevel.wait_readable`` - no thread.  :meth:`PostgresStore.aclose`
     closes them all.
 
 Transactions and fencing
     Every call is one transaction.  A write first locks the row it checks
     (``SELECT ... FOR UPDATE``), so the fencing check and the write cannot interleave with
-    another process's, and a rejected write changes nothing.  ``request_cancel`` sends
-    ``NOTIFY`` in its transaction: it is delivered on commit, to every process.
+    another process's, and a rejected write changes nothing.  ``request_cancel`` and
+    ``record_decision`` send ``NOTIFY`` in their transaction: it is delivered on commit, to
+    every process.
 
 Cancel
     A call's thread is never abandoned.  On a trio cancel the store sends PostgreSQL a cancel
@@ -51,6 +52,7 @@ from ..events import Event
 from . import _sql
 from ._base import (
     JSON,
+    ApprovalDecision,
     CancelRequest,
     InvocationRecord,
     InvocationStatus,
@@ -103,7 +105,7 @@ class _Tx:
         with self._conn.cursor() as cursor:
             cursor.executemany(_pg(query), params)
 
-    def notify_cancel(self, invocation_id: str) -> None:
+    def notify(self, invocation_id: str) -> None:
         self._conn.execute("SELECT pg_notify(%s, %s)", (self._channel, invocation_id))
 
 
@@ -340,9 +342,10 @@ class PostgresStore:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(conn.close)
 
-    # See Store.wait_for_cancel_requests: `timeout` is a poll interval, not a deadline.
-    async def wait_for_cancel_requests(self, *, timeout: float) -> None:  # noqa: ASYNC109
-        """Wait for a ``NOTIFY`` from :meth:`request_cancel` (any process), or ``timeout``.
+    # See Store.wait_for_requests: `timeout` is a poll interval, not a deadline.
+    async def wait_for_requests(self, *, timeout: float) -> None:  # noqa: ASYNC109
+        """Wait for a ``NOTIFY`` from :meth:`request_cancel` or :meth:`record_decision` (any
+        process), or ``timeout``.
 
         The first call starts listening (on a connection of its own, even with ``timeout=0``);
         requests made before that are not seen here - poll :meth:`cancel_requests` first.
@@ -410,6 +413,12 @@ class PostgresStore:
 
     async def cancel_requests(self, invocation_ids: Sequence[str]) -> list[CancelRequest]:
         return await self._run(partial(_sql.cancel_requests, invocation_ids=list(invocation_ids)))
+
+    async def record_decision(self, decision: ApprovalDecision) -> bool:
+        return await self._run(partial(_sql.record_decision, decision=decision))
+
+    async def decisions(self, invocation_id: str) -> list[ApprovalDecision]:
+        return await self._run(partial(_sql.decisions, invocation_id=invocation_id))
 
     async def create_session(
         self,

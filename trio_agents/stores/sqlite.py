@@ -51,6 +51,7 @@ from ..events import Event
 from . import _sql
 from ._base import (
     JSON,
+    ApprovalDecision,
     CancelRequest,
     InvocationRecord,
     InvocationStatus,
@@ -90,8 +91,8 @@ class _Tx:
     def run_many(self, sql: str, params: Sequence[Sequence[Any]]) -> None:
         self._conn.executemany(sql, params)
 
-    def notify_cancel(self, invocation_id: str) -> None:
-        pass  # waiters poll: see SQLiteStore.wait_for_cancel_requests
+    def notify(self, invocation_id: str) -> None:
+        pass  # waiters poll: see SQLiteStore.wait_for_requests
 
 
 def _code(exc: sqlite3.Error) -> int:
@@ -306,8 +307,14 @@ class SQLiteStore:
             partial(_sql.cancel_requests, invocation_ids=list(invocation_ids)), write=False
         )
 
-    # See Store.wait_for_cancel_requests: `timeout` is a poll interval, not a deadline.
-    async def wait_for_cancel_requests(self, *, timeout: float) -> None:  # noqa: ASYNC109
+    async def record_decision(self, decision: ApprovalDecision) -> bool:
+        return await self._run(partial(_sql.record_decision, decision=decision), write=True)
+
+    async def decisions(self, invocation_id: str) -> list[ApprovalDecision]:
+        return await self._run(partial(_sql.decisions, invocation_id=invocation_id), write=False)
+
+    # See Store.wait_for_requests: `timeout` is a poll interval, not a deadline.
+    async def wait_for_requests(self, *, timeout: float) -> None:  # noqa: ASYNC109
         """Sleep ``timeout`` seconds: SQLite cannot wake us, so the caller polls."""
         await trio.sleep(timeout)
 
