@@ -26,7 +26,8 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Speed and memory benchmarks; prints the figures the README quotes."""
+    """Speed and memory benchmarks; prints the figures the README quotes (``-- --quick``: a
+    smoke run of each)."""
     session.install("-e", ".[dev]")
     for script in ("cancel_latency", "overhead", "memory", "journal"):
         session.run("python", "-m", f"benchmarks.{script}", *session.posargs)

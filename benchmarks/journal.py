@@ -137,14 +137,17 @@ async def run_time(store: Store | str, turns: int, delay: float) -> float:
 
 
 async def bench(
-    name: str, opener: Callable[[], AbstractAsyncContextManager[Store]], writes: int
+    name: str,
+    opener: Callable[[], AbstractAsyncContextManager[Store]],
+    writes: int,
+    repeats: int,
 ) -> None:
     turns, delay = 5, 0.005
     async with opener() as store:
         wps = await writes_per_second(store, writes)
-        resumes = [await resume_latency(store, 40) for _ in range(5)]
-        with_store = [await run_time(store, turns, delay) for _ in range(5)]
-    in_memory = [await run_time(MemoryStore(), turns, delay) for _ in range(5)]
+        resumes = [await resume_latency(store, 40) for _ in range(repeats)]
+        with_store = [await run_time(store, turns, delay) for _ in range(repeats)]
+    in_memory = [await run_time(MemoryStore(), turns, delay) for _ in range(repeats)]
     per_turn = statistics.median(in_memory) / turns
     extra = (statistics.median(with_store) - statistics.median(in_memory)) / turns
     print(
@@ -154,19 +157,21 @@ async def bench(
     )
 
 
-async def main(writes: int) -> None:
+async def main(writes: int, repeats: int) -> None:
     print(f"journal ({machine()})")
-    await bench("sqlite", sqlite_store, writes)
+    await bench("sqlite", sqlite_store, writes, repeats)
     try:
         with psycopg.connect(POSTGRES_URL, connect_timeout=3):
             pass
     except psycopg.OperationalError as exc:
         print(f"  postgresql skipped: not reachable at {POSTGRES_URL} ({exc})")
         return
-    await bench("postgresql", postgres_store, writes)
+    await bench("postgresql", postgres_store, writes, repeats)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--writes", type=int, default=2000)
-    trio.run(main, parser.parse_args().writes)
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 100 writes, 1 run")
+    args = parser.parse_args()
+    trio.run(main, *((100, 1) if args.quick else (args.writes, 5)))

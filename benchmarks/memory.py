@@ -93,4 +93,6 @@ async def main(n: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=500)
-    trio.run(main, parser.parse_args().n)
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 50 streams")
+    args = parser.parse_args()
+    trio.run(main, 50 if args.quick else args.n)

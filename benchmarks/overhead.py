@@ -52,7 +52,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="a smoke run: few runs")
     args = parser.parse_args()
+    if args.quick:
+        args.runs, args.rounds = 20, 1
     with server_process() as base_url:
         bare, ours = trio.run(measure, base_url, args.runs, args.rounds)
     print(f"overhead: CPU per short streamed run (20 tokens) ({machine()})")
