@@ -135,11 +135,54 @@ def _leaf(exc: BaseException) -> BaseException:
     return exc
 
 
+@attrs.define
+class _Parked:
+    """An invocation's waits for approval: what each waits for, and how to end them."""
+
+    waiting: dict[str, ApprovalDecision | None] = attrs.field(factory=dict)
+    scopes: set[trio.CancelScope] = attrs.field(factory=set)
+    lot: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+
+
 class Invocation:
     """One run of an agent: its cancel scope, its event log, its one outcome.
 
     Made by :meth:`Runner.start` or :meth:`Runner.resume`; not constructed directly.
     """
+
+    # Slots: a runner holds thousands of these; an instance dict of 30 keys costs 1.6 KiB each.
+    __slots__ = (
+        "_cancelled_by",
+        "_ctx",
+        "_done",
+        "_ended",
+        "_held",
+        "_history",
+        "_last_text",
+        "_lease",
+        "_log",
+        "_lot",
+        "_mode",
+        "_outcome",
+        "_parked",
+        "_partial",
+        "_pending_approvals",
+        "_reason",
+        "_runner",
+        "_scope",
+        "_seq",
+        "_stream_scopes",
+        "_token",
+        "_usage",
+        "_write_lock",
+        "_writing",
+        "agent",
+        "id",
+        "input",
+        "resumed",
+        "session_id",
+        "user_id",
+    )
 
     def __init__(
         self,
@@ -164,9 +207,7 @@ class Invocation:
         self._token = trio.lowlevel.current_trio_token()
         self._scope = trio.CancelScope()
         self._stream_scopes: set[trio.CancelScope] = set()
-        self._approval_scopes: set[trio.CancelScope] = set()
-        self._waiting: dict[str, ApprovalDecision | None] = {}
-        self._approval_lot = trio.lowlevel.ParkingLot()
+        self._parked: _Parked | None = None  # made by the first wait for an approval
         self._pending_approvals: tuple[str, ...] = ()
         self._mode: CancelMode | None = None
         self._reason: str | None = None
@@ -274,8 +315,9 @@ class Invocation:
         elif self._mode == "after_tools":
             for scope in self._stream_scopes:
                 scope.cancel(reason=self._reason)
-        for scope in self._approval_scopes:  # every mode ends a wait for a person
-            scope.cancel(reason=self._reason)
+        if self._parked is not None:  # every mode ends a wait for a person
+            for scope in self._parked.scopes:
+                scope.cancel(reason=self._reason)
         if grace is not None and self._mode != "immediate":
             self._scope.deadline = min(self._scope.deadline, trio.current_time() + grace)
 
@@ -283,19 +325,26 @@ class Invocation:
 
     def _deliver(self, decision: ApprovalDecision) -> bool:
         """Hand a decision to the wait parked on it; ``False`` if none is."""
-        if self._waiting.get(decision.approval_id, decision) is not None:
+        parked = self._parked
+        if parked is None or parked.waiting.get(decision.approval_id, decision) is not None:
             return False
-        self._waiting[decision.approval_id] = decision
-        self._approval_lot.unpark_all()
+        parked.waiting[decision.approval_id] = decision
+        parked.lot.unpark_all()
         return True
 
     def _parked_on(self, approval_id: str) -> bool:
-        return approval_id in self._waiting
+        return self._parked is not None and approval_id in self._parked.waiting
+
+    def _is_parked(self) -> bool:
+        return self._parked is not None and bool(self._parked.waiting)
 
     async def _wait_for_decisions(self, pending: Sequence[str]) -> dict[str, ApprovalDecision]:
         """Park until each of ``pending`` is decided (here, by :meth:`Runner.decide`, or in
         another process, through the store and the runner's watcher)."""
-        waiting = self._waiting
+        if self._parked is None:
+            self._parked = _Parked()
+        parked = self._parked
+        waiting = parked.waiting
         for approval_id in pending:
             waiting[approval_id] = None
         try:
@@ -305,14 +354,14 @@ class Invocation:
             with trio.CancelScope() as scope:
                 if timeout is not None:
                     scope.deadline = trio.current_time() + timeout
-                self._approval_scopes.add(scope)
+                parked.scopes.add(scope)
                 if self._mode is not None:
                     scope.cancel(reason=self._reason)
                 try:
                     while any(waiting[a] is None for a in pending):
-                        await self._approval_lot.park()
+                        await parked.lot.park()
                 finally:
-                    self._approval_scopes.discard(scope)
+                    parked.scopes.discard(scope)
             missing = [a for a in pending if waiting[a] is None]
             if missing:
                 if self._mode is not None:

@@ -370,7 +370,7 @@ class Runner:
                 if not self._active:
                     continue
                 requests = await self.store.cancel_requests(list(self._active))
-                waiting = [inv for inv in self._active.values() if inv._waiting]
+                waiting = [inv for inv in self._active.values() if inv._is_parked()]
                 decisions = [d for inv in waiting for d in await self.store.decisions(inv.id)]
             except StoreError as exc:  # the store is down: keep running, ask again later
                 logger.warning("could not read cancel requests or decisions: %s", exc)
