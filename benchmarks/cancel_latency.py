@@ -15,7 +15,8 @@ Settings:
   loaded  - the same, while ``--flows`` other streams (half bare, half invocations, 10 tokens/s
             each) keep flowing in this process;
   drain   - ``--flows`` streams cancelled at once: time until the server saw the last
-            disconnect (median of ``--drains`` repetitions, bare and trio_agents alternating).
+            disconnect (median of ``--drains`` repetitions, bare and trio_agents alternating),
+            and the client's CPU time until every stream (every invocation) had ended.
 
 Bare and trio_agents alternate everywhere (in 'drain' the one going first alternates too);
 warm-up rounds and a warm-up drain pair are discarded.  Before each setting and each drain
@@ -194,8 +195,11 @@ async def alternate(
 # --- many at once -----------------------------------------------------------------------------
 
 
-async def drain_bare(records: Records, client: httpx2.AsyncClient, base_url: str, n: int) -> float:
-    """Start ``n`` bare flowing streams, cancel their scopes at once, time the last disconnect."""
+async def drain_bare(
+    records: Records, client: httpx2.AsyncClient, base_url: str, n: int
+) -> tuple[float, float]:
+    """Start ``n`` bare flowing streams, cancel their scopes at once; return the ms until the
+    last disconnect, and the client CPU ms until every stream had ended."""
     tags = [new_tag("drain bare") for _ in range(n)]
     scopes = [trio.CancelScope() for _ in range(n)]
 
@@ -207,23 +211,28 @@ async def drain_bare(records: Records, client: httpx2.AsyncClient, base_url: str
         for scope, tag in zip(scopes, tags, strict=True):
             nursery.start_soon(one, scope, tag)
         await records.wait_flowing(tags)
-        cancelled_at = time.monotonic()
+        cancelled_at, cpu = time.monotonic(), time.process_time()
         for scope in scopes:
             scope.cancel()
-    return max(await records.disconnect_ms([(tag, cancelled_at) for tag in tags]))
+    cpu = time.process_time() - cpu
+    return max(await records.disconnect_ms([(tag, cancelled_at) for tag in tags])), cpu * 1000
 
 
-async def drain_ours(records: Records, runner: ta.Runner, agent: ta.Agent, n: int) -> float:
-    """Start ``n`` flowing invocations, cancel them at once, time the last disconnect."""
+async def drain_ours(
+    records: Records, runner: ta.Runner, agent: ta.Agent, n: int
+) -> tuple[float, float]:
+    """Start ``n`` flowing invocations, cancel them at once; return the ms until the last
+    disconnect, and the client CPU ms until every invocation had ended."""
     tags = [new_tag("drain ours") for _ in range(n)]
     invocations = [runner.start(agent, tag) for tag in tags]
     await records.wait_flowing(tags)
-    cancelled_at = time.monotonic()
+    cancelled_at, cpu = time.monotonic(), time.process_time()
     for inv in invocations:
         inv.cancel(reason="drain")
     for inv in invocations:
         await inv.wait()
-    return max(await records.disconnect_ms([(tag, cancelled_at) for tag in tags]))
+    cpu = time.process_time() - cpu
+    return max(await records.disconnect_ms([(tag, cancelled_at) for tag in tags])), cpu * 1000
 
 
 # --- the benchmark ----------------------------------------------------------------------------
@@ -275,24 +284,28 @@ async def main(base_url: str, rounds: int, flows: int, drains: int) -> dict[str,
         await records.settle()
 
         drain_ms: dict[str, list[float]] = {"bare": [], "ours": []}
+        cpu_ms: dict[str, list[float]] = {"bare": [], "ours": []}
 
-        async def drain(side: str) -> float:
+        async def drain(side: str) -> tuple[float, float]:
             if side == "bare":
                 return await drain_bare(records, flow_client, base_url, flows)
             return await drain_ours(records, runner, flow_agent, flows)
 
         for repetition in range(-1, drains):  # -1: a warm-up pair, discarded
             for side in ("bare", "ours") if repetition % 2 else ("ours", "bare"):
-                elapsed = await drain(side)
+                elapsed, cpu = await drain(side)
                 await records.settle()
                 if repetition >= 0:
                     drain_ms[side].append(elapsed)
+                    cpu_ms[side].append(cpu)
         bare_drains, our_drains = drain_ms["bare"], drain_ms["ours"]
         results["drain_ms"] = {
             "bare": statistics.median(bare_drains),
             "trio_agents": statistics.median(our_drains),
             "bare_all": bare_drains,
             "trio_agents_all": our_drains,
+            "bare_cpu": statistics.median(cpu_ms["bare"]),
+            "trio_agents_cpu": statistics.median(cpu_ms["ours"]),
         }
     results["load"].append(os.getloadavg()[0])
     return results
@@ -317,6 +330,10 @@ def report(results: dict[str, Any], rounds: int, flows: int, drains: int) -> Non
     print(
         f"  drain   {flows} at once (median of {drains}): bare {d['bare']:.1f} ms | "
         f"trio_agents {d['trio_agents']:.1f} ms | {d['trio_agents'] / d['bare']:.2f}x"
+    )
+    print(
+        f"          client CPU until every stream had ended: bare {d['bare_cpu']:.1f} ms | "
+        f"trio_agents {d['trio_agents_cpu']:.1f} ms"
     )
     print(
         "          all runs (ms): bare "
