@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from trio_agents.messages import ToolCall
-from trio_agents.testing import open_fake_openai_server, openai_stream
+from trio_agents.testing import FakeServer, open_fake_openai_server, openai_stream
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -21,6 +21,28 @@ ROOT = Path(__file__).resolve().parent.parent
 def command() -> list[str]:
     script = shutil.which("trio-agents")
     return [script] if script else [sys.executable, "-m", "trio_agents.cli"]
+
+
+async def run_agent(
+    server: FakeServer, tmp_path: Path, agent: str, prompt: str, *, stdin: bytes = b""
+) -> subprocess.CompletedProcess[bytes]:
+    """``trio-agents run AGENT PROMPT`` against ``server``, with a SQLite store in tmp_path."""
+    env = {
+        **os.environ,
+        "OPENAI_API_KEY": "sk-test",
+        "OPENAI_BASE_URL": server.base_url,
+        "PYTHONPATH": str(ROOT),
+    }
+    store = f"sqlite:///{tmp_path / 'agents.db'}"
+    with trio.fail_after(60):
+        return await trio.run_process(
+            [*command(), "run", agent, prompt, "--store", store],
+            cwd=tmp_path,
+            env=env,
+            stdin=stdin,
+            capture_stdout=True,
+            check=False,
+        )
 
 
 @pytest.mark.slow
@@ -46,21 +68,7 @@ async def test_run_streams_an_answer_from_a_real_endpoint(tmp_path: Path) -> Non
     """`trio-agents run examples.weather:agent ...` against an OpenAI-compatible server."""
     async with open_fake_openai_server() as server:
         server.enqueue(openai_stream(["Wear ", "a ", "raincoat."]))
-        env = {
-            **os.environ,
-            "OPENAI_API_KEY": "sk-test",
-            "OPENAI_BASE_URL": server.base_url,
-            "PYTHONPATH": str(ROOT),
-        }
-        store = f"sqlite:///{tmp_path / 'agents.db'}"
-        with trio.fail_after(60):
-            done = await trio.run_process(
-                [*command(), "run", "examples.weather:agent", "Paris?", "--store", store],
-                cwd=tmp_path,
-                env=env,
-                capture_stdout=True,
-                check=False,
-            )
+        done = await run_agent(server, tmp_path, "examples.weather:agent", "Paris?")
     out = done.stdout.decode()
     assert done.returncode == 0, out
     assert "Wear a raincoat." in out
@@ -120,22 +128,7 @@ async def test_run_asks_the_terminal_to_approve(
     deploy = ToolCall(id="call_1", name="deploy", arguments='{"service": "api"}')
     async with open_fake_openai_server() as server:
         server.enqueue(openai_stream(tool_calls=[deploy]), openai_stream("Done."))
-        env = {
-            **os.environ,
-            "OPENAI_API_KEY": "sk-test",
-            "OPENAI_BASE_URL": server.base_url,
-            "PYTHONPATH": str(ROOT),
-        }
-        store = f"sqlite:///{tmp_path / 'agents.db'}"
-        with trio.fail_after(60):
-            done = await trio.run_process(
-                [*command(), "run", "examples.deploy:agent", "Ship api", "--store", store],
-                cwd=tmp_path,
-                env=env,
-                stdin=answer,
-                capture_stdout=True,
-                check=False,
-            )
+        done = await run_agent(server, tmp_path, "examples.deploy:agent", "Ship api", stdin=answer)
     out = done.stdout.decode()
     assert done.returncode == 0, out
     assert 'approve deploy({"service": "api"})? [y/N]' in out
