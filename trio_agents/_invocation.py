@@ -166,7 +166,6 @@ class Invocation:
         "_outcome",
         "_parked",
         "_partial",
-        "_pending_approvals",
         "_reason",
         "_runner",
         "_scope",
@@ -208,7 +207,6 @@ class Invocation:
         self._scope = trio.CancelScope()
         self._stream_scopes: set[trio.CancelScope] = set()
         self._parked: _Parked | None = None  # made by the first wait for an approval
-        self._pending_approvals: tuple[str, ...] = ()
         self._mode: CancelMode | None = None
         self._reason: str | None = None
         self._cancelled_by: str | None = None
@@ -410,6 +408,7 @@ class Invocation:
         status: Status | None = None
         output = ""
         error: BaseException | None = None
+        pending: tuple[str, ...] = ()  # the approvals a paused invocation waits for
         try:
             try:
                 with self._scope:
@@ -429,7 +428,7 @@ class Invocation:
                     status = "cancelled"
                 else:
                     status = "paused"
-                    self._pending_approvals = tuple(
+                    pending = tuple(
                         a for s in signals if isinstance(s, PauseRequested) for a in s.pending
                     )
         finally:
@@ -437,7 +436,7 @@ class Invocation:
                 status = "cancelled"
                 if self._reason is None:
                     self._reason = "shutdown"
-            await self._finish(status, output, error)
+            await self._finish(status, output, error, pending)
 
     async def _body(self) -> str:
         runner = self._runner
@@ -500,13 +499,15 @@ class Invocation:
             ),
         )
 
-    async def _finish(self, status: Status, output: str, error: BaseException | None) -> None:
+    async def _finish(
+        self, status: Status, output: str, error: BaseException | None, pending: tuple[str, ...]
+    ) -> None:
         if status != "completed":
             output = "".join(self._partial) or self._last_text
         if status == "failed" and error is not None:
             reason: str | None = f"{type(error).__name__}: {error}"
         elif status == "paused":
-            reason = f"awaiting approval: {', '.join(self._pending_approvals)}"
+            reason = f"awaiting approval: {', '.join(pending)}"
         else:
             reason = self._reason if status == "cancelled" else None
         checkpoint_id: str | None = None
@@ -522,7 +523,7 @@ class Invocation:
                 checkpoint_id=f"{self.id}:{self._seq + 1}",
                 cancel_requested=self._mode is not None,
                 cancelled_by=self._cancelled_by,
-                pending_approvals=self._pending_approvals,
+                pending_approvals=pending,
             )
             try:
                 if self._lease is None:  # cancelled before the record was created
@@ -560,7 +561,7 @@ class Invocation:
             cancel_requested=self._mode is not None,
             cancel_mode=self._mode,
             cancelled_by=self._cancelled_by,
-            pending_approvals=self._pending_approvals,
+            pending_approvals=pending,
             store_error=store_error,
         )
         self._publish(ended)

@@ -49,7 +49,7 @@ class MemoryStore:
         self._records: dict[str, InvocationRecord] = {}
         self._journals: dict[str, list[Event]] = {}
         self._cancels: dict[str, CancelRequest] = {}
-        self._decisions: dict[tuple[str, str], ApprovalDecision] = {}
+        self._decisions: dict[str, dict[str, ApprovalDecision]] = {}  # invocation -> approval
         self._poke = trio.Event()
         self._sessions: dict[str, Session] = {}
 
@@ -173,10 +173,10 @@ class MemoryStore:
     async def record_decision(self, decision: ApprovalDecision) -> bool:
         await trio.lowlevel.checkpoint()
         self._get(decision.invocation_id)
-        key = (decision.invocation_id, decision.approval_id)
-        if key in self._decisions:
+        decided = self._decisions.setdefault(decision.invocation_id, {})
+        if decision.approval_id in decided:
             return False
-        self._decisions[key] = attrs.evolve(
+        decided[decision.approval_id] = attrs.evolve(
             decision, decided_at=decision.decided_at or self._clock()
         )
         self._poke.set()
@@ -184,7 +184,7 @@ class MemoryStore:
 
     async def decisions(self, invocation_id: str) -> list[ApprovalDecision]:
         await trio.lowlevel.checkpoint()
-        return [d for (i, _), d in self._decisions.items() if i == invocation_id]
+        return list(self._decisions.get(invocation_id, {}).values())
 
     # `timeout` is the longest a caller goes without re-polling (a store that cannot be woken
     # simply sleeps it), not a deadline to give up at: returning after it is the normal outcome.
