@@ -10,7 +10,7 @@ PUBLIC = {
     "MalformedStreamError", "MaxTurnsExceeded", "Message", "ModelConnectionError", "ModelError",
     "ModelRequest", "ModelResponse", "ModelStatusError", "ModelTimeoutError", "NotFoundError",
     "Outcome", "OverloadedError", "Parallel", "RateLimitError", "Runner", "Sequential",
-    "ServerError", "SessionNotFound", "StoreError", "StoreUnavailableError", "StreamBrokenError",
+    "ServerError", "SessionBusy", "SessionNotFound", "StoreError", "StoreUnavailableError", "StreamBrokenError",
     "StreamErrorEvent", "Tool", "ToolCall", "ToolContext", "ToolError", "ToolResult",
     "ToolResultMessage", "ToolSpec", "TrioAgentsError", "Usage", "UsageError", "UserMessage",
     "events", "models", "stores", "tool",

@@ -23,6 +23,7 @@ from ._exceptions import NotFoundError as NotFoundError
 from ._exceptions import OverloadedError as OverloadedError
 from ._exceptions import RateLimitError as RateLimitError
 from ._exceptions import ServerError as ServerError
+from ._exceptions import SessionBusy as SessionBusy
 from ._exceptions import SessionNotFound as SessionNotFound
 from ._exceptions import StoreError as StoreError
 from ._exceptions import StoreUnavailableError as StoreUnavailableError

@@ -30,6 +30,7 @@ world outside, and signals are kept apart::
         │                                  version of one)
         ├── LeaseError                     another process owns the invocation (or owned it
         │                                  and fenced us out)
+        ├── SessionBusy                    the session has another invocation running
         └── StoreUnavailableError          the database is down or unreachable
 
 ``trio.Cancelled`` is never in this tree and is never turned into one of these errors: a cancel
@@ -55,6 +56,7 @@ __all__ = [
     "OverloadedError",
     "RateLimitError",
     "ServerError",
+    "SessionBusy",
     "SessionNotFound",
     "StoreError",
     "StoreUnavailableError",
@@ -213,6 +215,11 @@ class CorruptRecordError(StoreError):
 
 class LeaseError(StoreError):
     """Another process owns this invocation's lease, or took it over from us."""
+
+
+class SessionBusy(StoreError):
+    """The session already has an invocation running (at most one at a time, unless
+    ``exclusive=False`` was asked); wait for it to end, or cancel it, and try again."""
 
 
 class StoreUnavailableError(StoreError):

@@ -1,13 +1,40 @@
-"""Events an invocation emits, and their one JSON wire form.
+"""Events an invocation emits, their identity, the cancel-mode lattice, and their one JSON form.
 
-Every event is a frozen attrs record with a ``kind`` tag and three stamped fields:
-``invocation_id``, ``seq`` (1, 2, 3, ... within the invocation, never reused) and ``at`` (Unix
-time).  :func:`encode` / :func:`decode` are the only codec: the SSE and WebSocket transports and
-the stores all use them, so an event looks the same wherever it is read.
+Every event is a frozen attrs record with a ``kind`` tag and four stamped fields:
+``invocation_id``, ``seq``, ``sub`` and ``at`` (Unix time).  :func:`encode` / :func:`decode` are
+the only codec: the SSE and WebSocket transports and the stores all use them, so an event looks
+the same wherever it is read.
+
+Identity
+    An event is identified by ``(seq, sub)``, written ``"41"`` when ``sub`` is 0 and
+    ``"41.3"`` otherwise (:attr:`EventId`, :func:`event_id`, :func:`parse_event_id`).  Ids
+    are strictly increasing (compared as pairs) over an invocation's whole life - every run,
+    every resume, every crash - and are never reused:
+
+    * a **durable** event (started, turn finished, tool started/finished, step finished,
+      approval requested/decided, the stored terminal event) takes the next ``seq`` with
+      ``sub == 0``; it is written to the store *before* anyone sees it, so the store's
+      ``last_seq`` is the highest durable ``seq`` ever published;
+    * an **ephemeral** event (text and reasoning deltas, cancel requests) is published at once,
+      numbered ``(last durable seq, 1), (.., 2), ...``; the store keeps them in batches,
+      written with the next durable event (and at the end), so the store holds every event a
+      finished turn published, in order, with no gap;
+    * a terminal event whose write failed is published as an ephemeral one (it is not in the
+      store, and its ``checkpoint_id`` is ``None``).
+
+    A resume (in any process, after a cancel, a failure or a crash) continues at
+    ``last_seq + 1``: above every id published before, durable or not, so a client that saw
+    ``"5.3"`` and reattaches with ``after="5.3"`` misses nothing and sees nothing twice.
+    Ephemeral events published after the last durable one by a process that then crashed are
+    the only events a store can lack; their ids are never given to other events.
+
+Cancel modes
+    One lattice, defined here and used everywhere: ``after_turn`` < ``after_tools`` <
+    ``immediate`` (:data:`CANCEL_MODES`, :func:`stronger_mode`, :func:`check_cancel_mode`).
 
 The wire form is a JSON object with the event's fields plus ``"v"``, the codec version
-(:data:`WIRE_VERSION`).  A record from a newer version, or one that cannot be read, raises
-:class:`~trio_agents.CorruptRecordError`; it never half-loads.
+(:data:`WIRE_VERSION`); ``sub`` is left out when it is 0.  A record from a newer version, or one
+that cannot be read, raises :class:`~trio_agents.CorruptRecordError`; it never half-loads.
 
 Events of an agent inside a workflow carry a ``path`` (``"0:research"``,
 ``"0:research/1:critic"``): the step they belong to.  The top agent's path is ``""``.
@@ -21,7 +48,7 @@ from typing import Any, Final, Literal, TypeAlias
 import attrs
 import cattrs
 
-from ._exceptions import CorruptRecordError
+from ._exceptions import CorruptRecordError, UsageError
 from .messages import (
     AssistantMessage,
     Message,
@@ -33,13 +60,16 @@ from .messages import (
 )
 
 __all__ = [
+    "CANCEL_MODES",
     "TERMINAL_STATUSES",
     "WIRE_VERSION",
     "ApprovalDecided",
     "ApprovalRequested",
+    "CancelMode",
     "CancelRequested",
     "ErrorInfo",
     "Event",
+    "EventId",
     "InvocationEnded",
     "InvocationStarted",
     "ReasoningDelta",
@@ -49,11 +79,15 @@ __all__ = [
     "ToolCallFinished",
     "ToolCallStarted",
     "TurnFinished",
+    "check_cancel_mode",
     "converter",
     "decode",
     "decode_message",
     "encode",
     "encode_message",
+    "event_id",
+    "parse_event_id",
+    "stronger_mode",
 ]
 
 WIRE_VERSION: Final = 1
@@ -61,6 +95,53 @@ WIRE_VERSION: Final = 1
 Status: TypeAlias = Literal["completed", "failed", "cancelled", "paused"]
 TERMINAL_STATUSES: Final[frozenset[str]] = frozenset({"completed", "failed", "cancelled", "paused"})
 CancelMode: TypeAlias = Literal["after_turn", "after_tools", "immediate"]
+CANCEL_MODES: Final[tuple[CancelMode, ...]] = ("after_turn", "after_tools", "immediate")
+"""The cancel modes, weakest first: a later request can only move up this list."""
+_MODE_RANK: Final[dict[str, int]] = {mode: rank for rank, mode in enumerate(CANCEL_MODES)}
+
+EventId: TypeAlias = tuple[int, int]
+"""``(seq, sub)``: an event's place in its invocation's life; ``(0, 0)`` is before the first."""
+
+
+def check_cancel_mode(mode: object) -> CancelMode:
+    """``mode`` if it is a cancel mode, else :class:`~trio_agents.UsageError` naming them."""
+    if mode not in _MODE_RANK:
+        raise UsageError(
+            f"unknown cancel mode {mode!r}; use 'after_turn', 'after_tools' or 'immediate'"
+        )
+    return mode  # type: ignore[return-value]
+
+
+def stronger_mode(old: CancelMode | None, new: CancelMode) -> CancelMode:
+    """The mode in force after ``new`` is asked for on top of ``old``: modes only strengthen."""
+    if old is None or _MODE_RANK[new] > _MODE_RANK[old]:
+        return new
+    return old
+
+
+def event_id(event: Event) -> str:
+    """The event's id as text: ``"41"`` (durable) or ``"41.3"`` (ephemeral).  SSE ``id:``."""
+    return f"{event.seq}.{event.sub}" if event.sub else str(event.seq)
+
+
+def parse_event_id(value: int | str | EventId) -> EventId:
+    """Read an id (``41``, ``"41"``, ``"41.3"``, ``(41, 3)``) as ``(seq, sub)``.
+
+    Raises :class:`~trio_agents.UsageError` naming the value when it is not one.
+    """
+    if isinstance(value, tuple):
+        if len(value) == 2 and all(type(v) is int and v >= 0 for v in value):
+            return (value[0], value[1])
+    elif isinstance(value, int) and not isinstance(value, bool):
+        if value >= 0:
+            return (value, 0)
+    elif isinstance(value, str):
+        seq, dot, sub = value.strip().partition(".")
+        if seq.isdigit() and (not dot or sub.isdigit()):
+            return (int(seq), int(sub) if dot else 0)
+    raise UsageError(
+        f"an event id is a seq (41) or seq.sub ('41.3') of non-negative integers, got {value!r}"
+    )
 
 
 @attrs.frozen(kw_only=True)
@@ -91,6 +172,7 @@ class InvocationStarted:
     kind: Literal["started"] = "started"
     invocation_id: str
     seq: int
+    sub: int = 0
     at: float
     agent: str
     input: str
@@ -106,6 +188,7 @@ class TextDelta:
     kind: Literal["text_delta"] = "text_delta"
     invocation_id: str
     seq: int
+    sub: int = 0
     at: float
     path: str = ""
     turn: int
@@ -119,6 +202,7 @@ class ReasoningDelta:
     kind: Literal["reasoning_delta"] = "reasoning_delta"
     invocation_id: str
     seq: int
+    sub: int = 0
     at: float
     path: str = ""
     turn: int
@@ -132,6 +216,7 @@ class ToolCallStarted:
     kind: Literal["tool_call_started"] = "tool_call_started"
     invocation_id: str
     seq: int
+    sub: int = 0
     at: float
     path: str = ""
     turn: int
@@ -145,6 +230,7 @@ class ToolCallFinished:
     kind: Literal["tool_call_finished"] = "tool_call_finished"
     invocation_id: str
     seq: int
+    sub: int = 0
     at: float
     path: str = ""
     turn: int
@@ -158,6 +244,7 @@ class TurnFinished:
     kind: Literal["turn_finished"] = "turn_finished"
     invocation_id: str
     seq: int
+    sub: int = 0
     at: float
     path: str = ""
     turn: int
@@ -173,6 +260,7 @@ class StepFinished:
     kind: Literal["step_finished"] = "step_finished"
     invocation_id: str
     seq: int
+    sub: int = 0
     at: float
     path: str
     output: str
@@ -188,6 +276,7 @@ class ApprovalRequested:
     kind: Literal["approval_requested"] = "approval_requested"
     invocation_id: str
     seq: int
+    sub: int = 0
     at: float
     path: str = ""
     turn: int
@@ -203,6 +292,7 @@ class ApprovalDecided:
     kind: Literal["approval_decided"] = "approval_decided"
     invocation_id: str
     seq: int
+    sub: int = 0
     at: float
     path: str = ""
     turn: int
@@ -219,6 +309,7 @@ class CancelRequested:
     kind: Literal["cancel_requested"] = "cancel_requested"
     invocation_id: str
     seq: int
+    sub: int = 0
     at: float
     mode: CancelMode
     reason: str | None = None
@@ -236,6 +327,7 @@ class InvocationEnded:
     kind: Literal["ended"] = "ended"
     invocation_id: str
     seq: int
+    sub: int = 0
     at: float
     status: Status
     reason: str | None = None
@@ -308,6 +400,8 @@ converter.register_structure_hook(Event, _structure_tagged(_EVENT_TYPES, "event"
 def to_dict(event: Event) -> dict[str, Any]:
     """The event as a JSON-ready dict, with the codec version under ``"v"``."""
     data: dict[str, Any] = converter.unstructure(event)
+    if not data["sub"]:
+        del data["sub"]
     data["v"] = WIRE_VERSION
     return data
 

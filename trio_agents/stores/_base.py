@@ -39,7 +39,7 @@ from typing import Literal, Protocol, TypeAlias, runtime_checkable
 
 import attrs
 
-from ..events import Event
+from ..events import CancelMode, Event
 from ..messages import Message
 
 __all__ = [
@@ -55,7 +55,6 @@ __all__ = [
 ]
 
 InvocationStatus: TypeAlias = Literal["running", "completed", "failed", "cancelled", "paused"]
-CancelMode: TypeAlias = Literal["after_turn", "after_tools", "immediate"]
 JSON: TypeAlias = "bool | int | float | str | list[JSON] | dict[str, JSON] | None"
 """A JSON value, as :func:`json.loads` returns it."""
 

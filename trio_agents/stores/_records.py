@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from .._exceptions import CorruptRecordError, LeaseError, StoreError, UsageError
-from ..events import Event, decode, decode_message, encode_message
+from ..events import Event, decode, decode_message, encode_message, stronger_mode
 from ._base import JSON, CancelRequest, Lease, SessionEntry
 
 __all__ = [
@@ -32,7 +32,6 @@ __all__ = [
 ]
 
 SESSION_ENTRY_VERSION: Final = 1
-_MODE_STRENGTH: Final = {"after_turn": 0, "after_tools": 1, "immediate": 2}
 
 
 def _check_json(value: Any, where: str) -> None:
@@ -111,7 +110,7 @@ def merge_cancel(old: CancelRequest | None, new: CancelRequest) -> CancelRequest
     """The persisted request after ``new`` arrives: the stronger mode, the first reason."""
     if old is None:
         return new
-    if _MODE_STRENGTH[new.mode] > _MODE_STRENGTH[old.mode]:
+    if stronger_mode(old.mode, new.mode) != old.mode:
         return CancelRequest(
             invocation_id=old.invocation_id,
             mode=new.mode,

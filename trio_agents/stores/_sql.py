@@ -23,7 +23,7 @@ from .._exceptions import (
     StoreError,
     UsageError,
 )
-from ..events import Event, InvocationEnded, encode
+from ..events import CANCEL_MODES, Event, InvocationEnded, encode
 from ._base import (
     JSON,
     ApprovalDecision,
@@ -119,7 +119,6 @@ _COLUMNS: Final = (
     "lease_epoch, lease_expires_at, last_seq"
 )
 _STATUSES: Final = frozenset({"running", "completed", "failed", "cancelled", "paused"})
-_MODES: Final = frozenset({"after_turn", "after_tools", "immediate"})
 
 
 class Tx(Protocol):
@@ -309,7 +308,7 @@ def load_events(tx: Tx, invocation_id: str, after_seq: int) -> list[Event]:
 
 
 def _cancel(row: Sequence[Any]) -> CancelRequest:
-    if row[1] not in _MODES:
+    if row[1] not in CANCEL_MODES:
         raise CorruptRecordError(f"cancel request of {row[0]!r} has an unknown mode {row[1]!r}")
     return CancelRequest(
         invocation_id=row[0],
