@@ -106,11 +106,8 @@ async def open_session(
         timeout=timeouts or Timeouts(),
         http_client=http_client,
     )
-    session = HTTPSession(provider, provider="lines")
-    try:
+    async with HTTPSession(provider, provider="lines") as session:
         yield session
-    finally:
-        await session.aclose()
 
 
 async def run_turn(session: HTTPSession, received: list[str] | None = None) -> ModelResponse:

@@ -10,6 +10,7 @@ else, or the end of stdin, declines).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import signal
 import sys
@@ -21,6 +22,7 @@ from rich.markup import escape
 
 from ._exceptions import TrioAgentsError, UsageError
 from .agents import AgentLike
+from .agents._models import models_of
 from .events import ApprovalRequested, TextDelta, ToolCallFinished, ToolCallStarted
 from .runner import Outcome, Runner
 
@@ -45,15 +47,12 @@ def _load_agent(spec: str) -> AgentLike:
 
 
 async def _run(console: Console, agent: AgentLike, prompt: str, store: str) -> Outcome:
-    try:
+    # The command owns the agent's models for its run: it opens them around the runner, and
+    # leaving the stack closes their HTTP clients (shielded, so Ctrl-C still closes them).
+    async with contextlib.AsyncExitStack() as stack:
+        for model in models_of(agent):
+            await stack.enter_async_context(model)
         return await _run_and_show(console, agent, prompt, store)
-    finally:
-        # The command owns the agent's model for its run: close its HTTP client on the way out.
-        model = getattr(agent, "model", None)
-        aclose = getattr(model, "aclose", None)
-        if aclose is not None:
-            with trio.CancelScope(shield=True):
-                await aclose()
 
 
 async def _ask(console: Console, runner: Runner, event: ApprovalRequested, lock: trio.Lock) -> None:

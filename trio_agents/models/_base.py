@@ -1,13 +1,16 @@
 """The model protocol: one streamed turn, opened as an async context manager.
 
-A :class:`Model` knows one wire format and nothing of agents.  ``model.stream(request)`` returns
-an async context manager that owns everything the turn uses (the HTTP response, its connection)
-and yields a :class:`ModelStream`.  Iterating the stream gives :data:`StreamChunk` deltas as they
-arrive; once iteration ends, :attr:`ModelStream.response` holds the complete
-:class:`~trio_agents.messages.ModelResponse`.
+A :class:`Model` knows one wire format and nothing of agents.  It is itself an async context
+manager that holds its resources (an HTTP client) while open; see :class:`Model` for who opens
+it and what nesting does.
 
-Leaving the ``async with`` block - normally, on an error, or on ``trio.Cancelled`` - closes the
-response at once, so the model server sees the disconnect.  No async generator holds the
+``model.stream(request)`` returns an async context manager that owns everything the turn uses
+(the HTTP response, its connection) and yields a :class:`ModelStream`.  Iterating the stream
+gives :data:`StreamChunk` deltas as they arrive; once iteration ends,
+:attr:`ModelStream.response` holds the complete :class:`~trio_agents.messages.ModelResponse`.
+
+Leaving the stream's ``async with`` block - normally, on an error, or on ``trio.Cancelled`` -
+closes the response at once, so the model server sees the disconnect.  No async generator holds the
 connection across a ``yield``: streams are plain iterator objects and the resource belongs to the
 context manager (see STYLE.md rule 3).
 """
@@ -16,7 +19,8 @@ from __future__ import annotations
 
 import json
 from contextlib import AbstractAsyncContextManager
-from typing import Protocol, TypeAlias, runtime_checkable
+from types import TracebackType
+from typing import Protocol, Self, TypeAlias, runtime_checkable
 
 import attrs
 
@@ -79,10 +83,28 @@ class ModelStream(Protocol):
 
 @runtime_checkable
 class Model(Protocol):
-    """A model server adapter.
+    """A model server adapter, and an owned resource.
 
     ``name`` is the model's name as the server knows it; ``provider`` names the wire format
     (``"openai"``, ``"anthropic"``, ``"scripted"``, ...).
+
+    Who owns what: a model is an async context manager.  ``async with model:`` opens what it
+    needs (an HTTP model makes its ``httpx2.AsyncClient``) and leaving the block closes it.
+    Opens nest and are counted: the runner and the user may both hold a model open, and its
+    resources are closed when the last holder leaves; a later ``async with`` opens them afresh.
+    A :class:`~trio_agents.Runner` opens the models of the agents it runs, the first time it
+    sees each, and closes them when it closes.  A client injected with ``http_client=`` belongs
+    to whoever injected it: the model uses it while open and never closes it.
+
+    ``stream(request)`` on an HTTP model that is not open raises
+    :class:`~trio_agents.UsageError` (nothing is made lazily).
+    :class:`~trio_agents.models.ScriptedModel` holds no resource, so it streams whether open or
+    not; it is an async context manager all the same, so that every model is opened alike.
+
+    Cancellation: a cancel while opening leaves nothing open.  Closing runs shielded, under a
+    short deadline, so a cancelled holder still closes what it opened, and closing never hangs.
+    A model's streams belong to their own ``async with model.stream(...)`` blocks, which close
+    them (see the module docstring); close the model only once they are done.
     """
 
     @property
@@ -91,8 +113,22 @@ class Model(Protocol):
     @property
     def provider(self) -> str: ...
 
+    async def __aenter__(self) -> Self:
+        """Open (the first holder makes the model's resources).  Returns the model."""
+        ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        """Leave; the last holder closes the model's resources (shielded, never hangs)."""
+        ...
+
     def stream(self, request: ModelRequest) -> AbstractAsyncContextManager[ModelStream]:
-        """Open one streamed turn.  Raises :class:`~trio_agents.ModelError` subclasses."""
+        """Open one streamed turn.  Raises :class:`~trio_agents.ModelError` subclasses, and
+        :class:`~trio_agents.UsageError` if the model needs opening and is not open."""
         ...
 
 

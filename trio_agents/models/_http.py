@@ -5,9 +5,10 @@ This is the only module of trio_agents that imports ``httpx2``.  It owns:
 - :class:`HTTPProvider` - *where and how* to reach a model server (base URL, API key, headers,
   :class:`Timeouts`, :class:`RetryPolicy`, an optional injected ``httpx2.AsyncClient``), kept
   apart from the *wire format*, which a model class (``OpenAIChat``, ``Anthropic``, ...) knows.
-- :class:`HTTPSession` - sends streamed requests for one provider; owns a lazily created client
-  unless one was injected.  :meth:`HTTPSession.stream_sse` is the generic streamed turn: POST,
-  map error statuses (retrying what may succeed), then yield an :class:`SSEStream`.
+- :class:`HTTPSession` - sends streamed requests for one provider; an async context manager
+  that holds a client while open (its own, or an injected one it never closes).
+  :meth:`HTTPSession.stream_sse` is the generic streamed turn: POST, map error statuses
+  (retrying what may succeed), then yield an :class:`SSEStream`.
 - the error boundary: :func:`transport_error` turns httpx2 exceptions into
   :class:`~trio_agents.ModelError` subclasses; error statuses go through
   :func:`~._config.status_error`.
@@ -31,7 +32,8 @@ import math
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, Final, TypeAlias
+from types import TracebackType
+from typing import Any, Final, Self, TypeAlias
 
 import attrs
 import httpx2
@@ -113,8 +115,8 @@ class HTTPProvider:
         retry: see :class:`RetryPolicy`.
         http_client: an ``httpx2.AsyncClient`` to use (its transport, limits and proxies; our
             :class:`Timeouts` still apply per request).  An injected client belongs to the
-            caller and is never closed by us; without one, the :class:`HTTPSession` makes and
-            owns one.
+            caller and is never closed by us; without one, the :class:`HTTPSession` makes one
+            when it is opened and closes it when the last holder leaves.
         max_connections: connection limit of a client we make ourselves (``None``: no limit).
     """
 
@@ -357,40 +359,76 @@ class SSEStream:
 
 
 class HTTPSession:
-    """Sends one provider's streamed requests.
+    """Sends one provider's streamed requests through an ``httpx2.AsyncClient`` it holds while
+    open.  ``provider`` is the wire-format name errors carry (``"openai"``).
 
-    Owns an ``httpx2.AsyncClient`` made on first use unless :attr:`HTTPProvider.http_client` was
-    injected; :meth:`aclose` closes only a client it made (a later request makes a new one).
-    ``provider`` is the wire-format name errors carry (``"openai"``).
+    Ownership: the session is an async context manager, and opens nest.  The first
+    ``async with session`` makes a client (unless :attr:`HTTPProvider.http_client` was injected:
+    that one belongs to the caller, is used as it is and is never closed here); the last exit
+    closes the client it made.  After that, a new ``async with`` makes a fresh client.  Using the
+    session while it is not open raises :class:`~trio_agents.UsageError`.
+
+    Cancellation: a cancel while opening raises before anything was made, so nothing is left
+    open.  Closing runs shielded, under a short deadline: a cancelled owner still closes the
+    client, and closing never hangs (it releases local sockets; it does not wait on a server).
     """
 
     def __init__(self, config: HTTPProvider, *, provider: str) -> None:
         self.config = config
         self.provider = provider
-        self._client: httpx2.AsyncClient | None = config.http_client
-        self._owns_client = config.http_client is None
+        self._client: httpx2.AsyncClient | None = None
+        self._holders = 0
         t = config.timeout
         self._timeout = httpx2.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool)
 
     @property
+    def is_open(self) -> bool:
+        """Whether some ``async with`` holds the session open."""
+        return self._holders > 0
+
+    @property
     def client(self) -> httpx2.AsyncClient:
-        """The client in use (made now if needed)."""
+        """The client in use while the session is open.  Raises :class:`UsageError` when not."""
         if self._client is None:
-            limit = self.config.max_connections
-            self._client = httpx2.AsyncClient(
-                timeout=self._timeout,
-                limits=httpx2.Limits(
-                    max_connections=limit,
-                    max_keepalive_connections=100 if limit is None else min(limit, 100),
-                ),
+            raise UsageError(
+                f"the HTTP session for {self.config.base_url} is not open: use `async with`"
             )
         return self._client
 
-    async def aclose(self) -> None:
-        """Close the client if this session made it.  Idempotent."""
-        if self._owns_client and self._client is not None:
-            client, self._client = self._client, None
-            await client.aclose()
+    def _new_client(self) -> httpx2.AsyncClient:
+        limit = self.config.max_connections
+        return httpx2.AsyncClient(
+            timeout=self._timeout,
+            limits=httpx2.Limits(
+                max_connections=limit,
+                max_keepalive_connections=100 if limit is None else min(limit, 100),
+            ),
+        )
+
+    async def __aenter__(self) -> Self:
+        # The checkpoint comes first, so a cancel here leaves nothing made; what follows does
+        # not block (a client connects on its first request).
+        await trio.lowlevel.checkpoint()
+        if self._holders == 0:
+            self._client = self.config.http_client or self._new_client()
+        self._holders += 1
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if self._holders <= 0:
+            raise UsageError("the HTTP session was closed more times than it was opened")
+        self._holders -= 1
+        if self._holders:
+            return
+        client, self._client = self._client, None
+        if client is not None and client is not self.config.http_client:
+            with trio.move_on_after(_CLOSE_SECONDS, shield=True):
+                await client.aclose()
 
     @asynccontextmanager
     async def stream_sse(

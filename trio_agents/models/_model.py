@@ -1,4 +1,4 @@
-"""The shell every HTTP model shares: settings, the session, closing.
+"""The shell every HTTP model shares: settings, the session, opening and closing.
 
 A model class (``OpenAIChat``, ``OpenAIResponses``, ``Anthropic``) adds only its wire format:
 the request body, the headers, the path and its stream parser.
@@ -45,10 +45,13 @@ def provider_from_env(
 class HTTPModel:
     """Base of the models that stream over HTTP.
 
-    Owns an :class:`HTTPSession` for ``http_provider``: an HTTP client made on first use
-    (unless the provider carries an injected one, which stays the caller's).  Close it with
-    :meth:`aclose` or ``async with Model(...) as model``.  ``wire`` is the wire-format name
-    that errors carry (``"openai"``, ``"anthropic"``).
+    Owns an :class:`HTTPSession` for ``http_provider``.  The model is an async context manager
+    and opens nest: the first ``async with model`` makes its HTTP client (unless the provider
+    carries an injected one, which stays the caller's and is never closed here), the last exit
+    closes it, and a later ``async with`` makes a fresh one.  A :class:`~trio_agents.Runner`
+    opens the models of the agents it runs; outside a runner, open the model yourself.
+    :meth:`stream` on a model that is not open raises :class:`~trio_agents.UsageError`.
+    ``wire`` is the wire-format name that errors carry (``"openai"``, ``"anthropic"``).
     """
 
     def __init__(self, model: str, *, http_provider: HTTPProvider, wire: str) -> None:
@@ -79,11 +82,26 @@ class HTTPModel:
     def provider(self) -> str:
         return self._wire
 
-    async def aclose(self) -> None:
-        """Close the HTTP client this model made (not an injected one).  Idempotent."""
-        await self._session.aclose()
+    @property
+    def http_client(self) -> HTTPClient:
+        """The client this model streams through while open (its own, or the injected one).
+        Raises :class:`~trio_agents.UsageError` when the model is not open."""
+        return self._require_open().client
+
+    def _require_open(self) -> HTTPSession:
+        """The session, which must be open: what :meth:`stream` goes through.  Raises
+        :class:`~trio_agents.UsageError` saying how to open the model when it is not."""
+        if not self._session.is_open:
+            raise UsageError(
+                f"model {self._model!r} is not open: use `async with model:` or run it through "
+                "a Runner, which opens the models of the agents it runs"
+            )
+        return self._session
 
     async def __aenter__(self) -> Self:
+        """Open the model (the first holder makes the HTTP client).  A cancel here leaves
+        nothing open."""
+        await self._session.__aenter__()
         return self
 
     async def __aexit__(
@@ -92,4 +110,5 @@ class HTTPModel:
         exc_value: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        await self.aclose()
+        """Leave; the last holder closes the client the model made (shielded, bounded)."""
+        await self._session.__aexit__(exc_type, exc_value, traceback)

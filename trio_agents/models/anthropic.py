@@ -423,8 +423,10 @@ class Anthropic(HTTPModel):
     not set one (the API requires it); ``extra_body`` is merged into every request body (e.g.
     ``{"thinking": {"type": "enabled", "budget_tokens": 2048}}``).
 
-    Owns an HTTP client made on first use (unless ``http_client=`` was injected: that one stays
-    the caller's); close it with :meth:`aclose` or ``async with Anthropic(...) as model``.
+    An async context manager: ``async with model:`` makes its HTTP client and leaving closes
+    it (opens nest; an injected ``http_client=`` stays the caller's and is never closed).  A
+    :class:`~trio_agents.Runner` opens the models of the agents it runs; :meth:`stream` on a
+    model that is not open raises :class:`~trio_agents.UsageError`.
     """
 
     def __init__(
@@ -481,8 +483,9 @@ class Anthropic(HTTPModel):
     def stream(self, request: ModelRequest) -> AbstractAsyncContextManager[ModelStream]:
         """Open one streamed turn (see :meth:`HTTPSession.stream_sse` for retries, timeouts,
         and what leaving the block does).  Raises :class:`~trio_agents.ModelError` subclasses;
-        HTTP 529 is :class:`~trio_agents.OverloadedError`, retried like a 429."""
-        return self._session.stream_sse(
+        HTTP 529 is :class:`~trio_agents.OverloadedError`, retried like a 429.
+        :class:`~trio_agents.UsageError` is raised at once if the model is not open."""
+        return self._require_open().stream_sse(
             "v1/messages",
             body=self.request_body(request),
             headers=self.request_headers(),

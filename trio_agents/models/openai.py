@@ -316,8 +316,10 @@ class OpenAIChat(HTTPModel):
     environment; ``base_url=``, ``api_key=``, ``headers=``, ``http_client=``, ``timeout=`` and
     ``retry=`` override them, or pass a complete ``provider=`` (:class:`HTTPProvider`) instead.
 
-    Owns an HTTP client made on first use (unless ``http_client=`` was injected: that one stays
-    the caller's); close it with :meth:`aclose` or ``async with OpenAIChat(...) as model``.
+    An async context manager: ``async with model:`` makes its HTTP client and leaving closes
+    it (opens nest; an injected ``http_client=`` stays the caller's and is never closed).  A
+    :class:`~trio_agents.Runner` opens the models of the agents it runs; :meth:`stream` on a
+    model that is not open raises :class:`~trio_agents.UsageError`.
     """
 
     def __init__(
@@ -359,8 +361,9 @@ class OpenAIChat(HTTPModel):
 
     def stream(self, request: ModelRequest) -> AbstractAsyncContextManager[ModelStream]:
         """Open one streamed turn (see :meth:`HTTPSession.stream_sse` for retries, timeouts,
-        and what leaving the block does).  Raises :class:`~trio_agents.ModelError` subclasses."""
-        return self._session.stream_sse(
+        and what leaving the block does).  Raises :class:`~trio_agents.ModelError` subclasses,
+        and :class:`~trio_agents.UsageError` at once if the model is not open."""
+        return self._require_open().stream_sse(
             "chat/completions",
             body=self.request_body(request),
             headers=self.request_headers(),

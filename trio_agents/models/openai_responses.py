@@ -296,8 +296,10 @@ class OpenAIResponses(HTTPModel):
     ``OPENAI_BASE_URL``, or ``base_url=`` ... ``retry=``, or a complete ``provider=``).
     ``extra_body`` is merged into every request body (``reasoning``, ``store``, ``include``...).
 
-    Owns an HTTP client made on first use (unless ``http_client=`` was injected: that one stays
-    the caller's); close it with :meth:`aclose` or ``async with OpenAIResponses(...) as m``.
+    An async context manager: ``async with model:`` makes its HTTP client and leaving closes
+    it (opens nest; an injected ``http_client=`` stays the caller's and is never closed).  A
+    :class:`~trio_agents.Runner` opens the models of the agents it runs; :meth:`stream` on a
+    model that is not open raises :class:`~trio_agents.UsageError`.
     """
 
     def __init__(
@@ -341,8 +343,9 @@ class OpenAIResponses(HTTPModel):
 
     def stream(self, request: ModelRequest) -> AbstractAsyncContextManager[ModelStream]:
         """Open one streamed turn (see :meth:`HTTPSession.stream_sse` for retries, timeouts,
-        and what leaving the block does).  Raises :class:`~trio_agents.ModelError` subclasses."""
-        return self._session.stream_sse(
+        and what leaving the block does).  Raises :class:`~trio_agents.ModelError` subclasses,
+        and :class:`~trio_agents.UsageError` at once if the model is not open."""
+        return self._require_open().stream_sse(
             "responses",
             body=self.request_body(request),
             headers=self.request_headers(),

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from types import TracebackType
+from typing import Self
 
 import attrs
 import trio
@@ -117,6 +119,11 @@ class ScriptedModel:
 
     ``ScriptedModel(["hello"])`` answers "hello" once.  ``ScriptedModel(fn)`` calls
     ``fn(request)`` for every turn.  ``repeat=True`` starts the list over when it ends.
+
+    Like every :class:`~trio_agents.models.Model` it is an async context manager (opens nest),
+    but it holds no resource, so it also streams when nobody holds it open: tests and examples
+    that drive it directly need no ``async with``.  ``holders`` counts the ``async with`` blocks
+    holding it open right now, so tests can check that whoever opened it also closed it.
     """
 
     provider = "scripted"
@@ -129,10 +136,26 @@ class ScriptedModel:
         self.requests: list[ModelRequest] = []
         self.open_streams = 0
         self.chunks_sent = 0
+        self.holders = 0
 
     @property
     def name(self) -> str:
         return self._name
+
+    async def __aenter__(self) -> Self:
+        await trio.lowlevel.checkpoint()
+        self.holders += 1
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if self.holders <= 0:
+            raise UsageError(f"ScriptedModel {self._name!r} was closed more than it was opened")
+        self.holders -= 1
 
     def _next_turn(self, request: ModelRequest) -> ScriptedTurn:
         if callable(self._script):
@@ -151,7 +174,8 @@ class ScriptedModel:
 
     @asynccontextmanager
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelStream]:
-        """Open one scripted turn (no network); counts itself in ``open_streams``."""
+        """Open one scripted turn (no network), whether the model is open or not; counts itself
+        in ``open_streams``."""
         self.requests.append(request)
         turn = self._next_turn(request)
         self.open_streams += 1
