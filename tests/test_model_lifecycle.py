@@ -226,3 +226,18 @@ def test_models_of_lists_each_model_of_nested_workflows_once_in_first_seen_order
     assert [id(m) for m in models_of(inner)] == [id(c), id(a)]
     assert [id(m) for m in models_of(writer)] == [id(a)]
     assert models_of(_Custom()) == []
+
+
+class _NotOpenable:
+    """Has name, provider and stream, but is no async context manager."""
+
+    name = "old"
+    provider = "custom"
+
+    def stream(self, request: ModelRequest) -> object:
+        raise AssertionError("never called")
+
+
+def test_an_agent_rejects_a_model_that_cannot_be_opened() -> None:
+    with pytest.raises(ta.UsageError, match="a model is an async context manager"):
+        Agent(name="a", model=_NotOpenable())  # type: ignore[arg-type]

@@ -82,8 +82,8 @@ class Agent:
             )
         if not isinstance(model, Model):
             raise UsageError(
-                f"agent {name!r}: model {model!r} is not a model (it needs name, provider and "
-                "stream(request))"
+                f"agent {name!r}: model {model!r} is not a model (it needs name, provider, "
+                "stream(request), and __aenter__/__aexit__: a model is an async context manager)"
             )
         if not isinstance(tools, (list, tuple)):
             raise UsageError(f"agent {name!r}: tools must be a list of tools, got {tools!r}")
