@@ -10,10 +10,10 @@ PUBLIC = {
     "MalformedStreamError", "MaxTurnsExceeded", "Message", "ModelConnectionError", "ModelError",
     "ModelRequest", "ModelResponse", "ModelStatusError", "ModelTimeoutError", "NotFoundError",
     "Outcome", "OverloadedError", "Parallel", "RateLimitError", "Runner", "Sequential",
-    "ServerError", "SessionBusy", "SessionNotFound", "StoreError", "StoreUnavailableError", "StreamBrokenError",
-    "StreamErrorEvent", "Tool", "ToolCall", "ToolContext", "ToolError", "ToolResult",
-    "ToolResultMessage", "ToolSpec", "TrioAgentsError", "Usage", "UsageError", "UserMessage",
-    "events", "models", "stores", "tool",
+    "ServerError", "SessionBusy", "SessionNotFound", "StoreError", "StoreUnavailableError",
+    "StreamBrokenError", "StreamErrorEvent", "Tool", "ToolCall", "ToolContext", "ToolError",
+    "ToolResult", "ToolResultMessage", "ToolSpec", "TrioAgentsError", "Usage", "UsageError",
+    "UserMessage", "events", "models", "stores", "tool",
 }  # fmt: skip
 
 
