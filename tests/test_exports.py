@@ -12,9 +12,8 @@ PUBLIC = {
     "Outcome", "OverloadedError", "Parallel", "RateLimitError", "Runner", "Sequential",
     "ServerError", "SessionBusy", "SessionNotFound", "StoreError", "StoreUnavailableError",
     "StreamBrokenError", "StreamErrorEvent", "Tool", "ToolCall", "ToolContext", "ToolError",
-    "ToolResult",
-    "ToolResultMessage", "ToolSpec", "TrioAgentsError", "Usage", "UsageError", "UserMessage",
-    "events", "models", "stores", "tool",
+    "ToolResult", "ToolResultMessage", "ToolSpec", "TrioAgentsError", "Usage", "UsageError",
+    "UserMessage", "events", "models", "stores", "tool",
 }  # fmt: skip
 
 

@@ -734,7 +734,7 @@ async def test_open_store_postgres_url_with_schema(postgres_url: str, postgres_s
                     (postgres_schema,),
                 )
             )
-            assert rows[0][0] == 7  # six tables and approval_decisions (schema 2)
+            assert rows[0][0] == 8  # six tables, approval_decisions (2), event_batches (3)
 
 
 @pytest.mark.parametrize(

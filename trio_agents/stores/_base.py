@@ -5,7 +5,11 @@ A store knows nothing of agents.  It keeps:
 * **invocation records** - who ran what, its status, and its lease (owner, epoch, expiry);
 * **the journal** - the durable events of each invocation, in ``seq`` order.  The runner writes
   an event here *before* publishing it ("durable before visible"); resume rebuilds an
-  invocation from these events alone;
+  invocation from these events alone (:meth:`Store.load_events`);
+* **event batches** - the ephemeral events (text and reasoning deltas, cancel requests;
+  ``sub >= 1``, see :mod:`trio_agents.events`), kept in batches written with the next durable
+  event, so the store can replay every event an invocation published
+  (:meth:`Store.read_events`) and wake readers when more arrive (:meth:`Store.wait_for_events`);
 * **cancel requests** - so a cancel can be made by id from another process;
 * **sessions** - event-sourced conversations (as in Google ADK): an append-only list of
   :class:`SessionEntry` whose ``state_delta`` values fold into the session's ``state``.
@@ -15,6 +19,19 @@ lease bumps the invocation's ``epoch``; a write whose lease epoch (or owner) is 
 one raises :class:`~trio_agents.LeaseError` and changes nothing, so a stale owner (a process that
 paused past its lease and was taken over) cannot corrupt the journal.  Durable stores check the
 fence in the same transaction as the write, so this holds across processes.
+
+**The head.**  An invocation's stored head is ``(last_seq, last_sub)``: the greatest event id
+it holds, durable or ephemeral (a durable event resets ``last_sub`` to 0).  Every id written
+must be greater than the head, so ids are strictly increasing over the invocation's life.
+
+**Group commit.**  :meth:`Store.commit` writes many :class:`JournalWrite` s - for many
+invocations, several for one - in one transaction.  Each write is fenced and checked on its
+own: a rejected write changes nothing and its error comes back in its slot; the others commit.
+
+**Sessions.**  At most one invocation of a session runs at a time unless asked otherwise
+(``exclusive_session=False``): :meth:`Store.create_invocation` and :meth:`Store.acquire_lease`
+raise :class:`~trio_agents.SessionBusy` while another invocation of the session is running
+with an unexpired lease.  An invocation with a ``session_id`` creates its session if missing.
 
 **Stored form.**  Events are stored as the JSON of :func:`trio_agents.events.encode`, which
 carries the codec version ``"v"``; session entries carry their own ``"v"``.  A record that cannot
@@ -39,15 +56,18 @@ from typing import Literal, Protocol, TypeAlias, runtime_checkable
 
 import attrs
 
-from ..events import CancelMode, Event
+from .._exceptions import LeaseError, StoreError, UsageError
+from ..events import CancelMode, Event, EventId
 from ..messages import Message
 
 __all__ = [
     "JSON",
     "ApprovalDecision",
     "CancelRequest",
+    "CommitResult",
     "InvocationRecord",
     "InvocationStatus",
+    "JournalWrite",
     "Lease",
     "Session",
     "SessionEntry",
@@ -65,7 +85,11 @@ def _frozen_mapping(value: Mapping[str, JSON]) -> Mapping[str, JSON]:
 
 @attrs.frozen(kw_only=True)
 class InvocationRecord:
-    """What a store knows of one invocation (its journal is kept apart)."""
+    """What a store knows of one invocation (its journal is kept apart).
+
+    ``(last_seq, last_sub)`` is the stored head: the id of the newest event stored, durable or
+    ephemeral.  ``last_seq`` is the newest durable ``seq`` (a resume continues above it).
+    """
 
     id: str
     agent: str
@@ -79,6 +103,12 @@ class InvocationRecord:
     lease_epoch: int = 0
     lease_expires_at: float = 0.0
     last_seq: int = 0
+    last_sub: int = 0
+
+    @property
+    def head(self) -> EventId:
+        """``(last_seq, last_sub)``: the newest event id stored."""
+        return (self.last_seq, self.last_sub)
 
 
 @attrs.frozen(kw_only=True)
@@ -129,7 +159,12 @@ class SessionEntry:
     wrote it (``"user"``, an agent's name, ``"system"``, ...).  ``state_delta`` is folded into
     the session's state when the entry is appended: each key is set to its value, and a key set
     to ``None`` is *deleted*.  Only top-level keys are merged: a nested object replaces the old
-    value whole.  ``at`` of ``0.0`` is stamped with the store's clock on append.
+    value whole.  ``at`` of ``0.0`` is stamped with the store's clock on append.  A ``seq`` of
+    ``0`` asks the store for the next one (the session's ``last_seq + 1``).
+
+    ``status``, ``interrupted`` and ``reason`` say how the invocation this entry answers ended
+    (``"completed"``, ``"cancelled"``, ``"failed"``, ``"paused"``; interrupted part-way; why).
+    Entries of stored form version 1 read with their defaults.
     """
 
     seq: int
@@ -140,6 +175,9 @@ class SessionEntry:
         factory=dict, converter=_frozen_mapping, hash=False
     )
     at: float = 0.0
+    status: str | None = None
+    interrupted: bool = False
+    reason: str | None = None
 
 
 def _entries(value: Iterable[SessionEntry]) -> tuple[SessionEntry, ...]:
@@ -148,7 +186,10 @@ def _entries(value: Iterable[SessionEntry]) -> tuple[SessionEntry, ...]:
 
 @attrs.frozen(kw_only=True)
 class Session:
-    """A session as stored: its folded ``state`` and every entry, in ``seq`` order.
+    """A session as stored: its folded ``state`` and its entries, in ``seq`` order.
+
+    ``entries`` may be a page (see :meth:`Store.get_session`); ``last_seq`` is the ``seq`` of
+    the session's newest entry (``0`` when there is none), whatever the page holds.
 
     ``state`` and ``state_delta`` are read-only mappings; a store never shares them with its
     own copy, so a caller cannot change what is stored by mutating them.
@@ -160,11 +201,30 @@ class Session:
     entries: tuple[SessionEntry, ...] = attrs.field(default=(), converter=_entries)
     created_at: float = 0.0
     updated_at: float = 0.0
+    last_seq: int = 0
 
-    @property
-    def last_seq(self) -> int:
-        """The ``seq`` of the newest entry, ``0`` when there is none."""
-        return self.entries[-1].seq if self.entries else 0
+
+def _events(value: Iterable[Event]) -> tuple[Event, ...]:
+    return tuple(value)
+
+
+@attrs.frozen(kw_only=True)
+class JournalWrite:
+    """One invocation's part of a :meth:`Store.commit`, fenced by ``lease``.
+
+    ``deltas`` (ephemeral events, ``sub >= 1``) are stored as one batch, then ``events``
+    (durable, ``sub == 0``) in the journal; their ids, read in that order, must grow and be
+    above the stored head.  ``session_entry`` is appended to the invocation's session.
+    """
+
+    lease: Lease
+    events: tuple[Event, ...] = attrs.field(default=(), converter=_events)
+    deltas: tuple[Event, ...] = attrs.field(default=(), converter=_events)
+    session_entry: SessionEntry | None = None
+
+
+CommitResult: TypeAlias = "StoreError | UsageError | None"
+"""One slot of :meth:`Store.commit`'s answer: ``None`` when the write was stored."""
 
 
 @runtime_checkable
@@ -176,10 +236,27 @@ class Store(Protocol):
     :class:`~trio_agents.StoreUnavailableError` when the backend cannot be reached.
     """
 
-    async def create_invocation(self, record: InvocationRecord, *, ttl: float) -> Lease:
+    async def create_invocation(
+        self,
+        record: InvocationRecord,
+        *,
+        ttl: float,
+        events: Sequence[Event] = (),
+        session_entry: SessionEntry | None = None,
+        exclusive_session: bool = True,
+    ) -> Lease:
         """Insert a new running invocation owned by ``record.owner``; return its lease (epoch 1).
 
-        Raises :class:`~trio_agents.UsageError` if the id exists already or there is no owner.
+        One transaction: if ``record.session_id`` is set, the session is created if missing
+        (with ``record.user_id``) and, with ``exclusive_session``, checked: another invocation
+        of it that is running with an unexpired lease raises :class:`~trio_agents.SessionBusy`
+        naming the session and that invocation.  Then the record is inserted, the durable
+        ``events`` journaled (their seqs grow from 1; as :meth:`commit` checks them) and
+        ``session_entry`` appended to the session as :meth:`commit` does.  Any error writes
+        nothing.
+
+        Raises :class:`~trio_agents.UsageError` if the id exists already, there is no owner,
+        or there is a ``session_entry`` but no ``session_id``.
         """
         ...
 
@@ -188,17 +265,26 @@ class Store(Protocol):
         ...
 
     async def list_invocations(
-        self, *, status: InvocationStatus | None = None, limit: int = 100
+        self,
+        *,
+        status: InvocationStatus | None = None,
+        session_id: str | None = None,
+        limit: int = 100,
     ) -> list[InvocationRecord]:
-        """Newest first (by ``created_at``, then ``id``), optionally only those with ``status``."""
+        """Newest first (by ``created_at``, then ``id``), optionally only those with ``status``
+        and of ``session_id``."""
         ...
 
-    async def acquire_lease(self, invocation_id: str, *, owner: str, ttl: float) -> Lease:
+    async def acquire_lease(
+        self, invocation_id: str, *, owner: str, ttl: float, exclusive_session: bool = True
+    ) -> Lease:
         """Take the invocation for ``owner`` and mark it running again; clear its cancel request.
 
         Allowed when the invocation is not running, or its lease has expired, or ``owner``
         holds it already.  Otherwise raises :class:`~trio_agents.LeaseError` naming the owner
-        and when its lease expires.  The new lease's epoch is the old one plus one.
+        and when its lease expires.  The new lease's epoch is the old one plus one.  With
+        ``exclusive_session``, raises :class:`~trio_agents.SessionBusy` while *another*
+        invocation of its session is running with an unexpired lease.
         """
         ...
 
@@ -206,8 +292,40 @@ class Store(Protocol):
         """Extend a lease we hold.  Raises :class:`~trio_agents.LeaseError` if fenced out."""
         ...
 
+    async def renew_leases(
+        self, leases: Sequence[Lease], *, ttl: float
+    ) -> list[Lease | LeaseError]:
+        """Extend many leases in one transaction; each slot is the new lease or why not.
+
+        Each lease is fenced on its own (an unknown invocation is a :class:`LeaseError` too).
+        """
+        ...
+
+    async def commit(self, writes: Sequence[JournalWrite]) -> list[CommitResult]:
+        """Store ``writes`` in one transaction, in order; each slot is ``None`` or its error.
+
+        Each write is fenced by its lease (stale: :class:`~trio_agents.LeaseError`) and
+        checked: its ``deltas`` then ``events`` all belong to the lease's invocation, ``events``
+        are durable (``sub == 0``) and ``deltas`` ephemeral (``sub >= 1``), and their ids, in
+        that order, grow strictly and are above the stored head; else
+        :class:`~trio_agents.StoreError` naming the invocation and the ids.  ``deltas`` become
+        one batch, ``events`` journal rows; the head moves to the last id written.  An
+        :class:`~trio_agents.events.InvocationEnded` among ``events`` sets the status,
+        releases the lease (``owner`` becomes ``None``) and clears the cancel request.
+        ``session_entry`` is appended to the invocation's session (created if missing) by the
+        rules of :meth:`append_session_entry` (``seq`` 0: the next one; ``invocation_id``
+        ``None``: this invocation); an invocation with no session puts a
+        :class:`~trio_agents.UsageError` in the slot.
+
+        A rejected write changes nothing and the others still commit.  Writes for the same
+        invocation apply in order (a later one sees the head an earlier one left).  Wakes
+        :meth:`wait_for_events` of every invocation written (in other processes too, where the
+        store can).  Raises (for the whole call) only when the transaction cannot run.
+        """
+        ...
+
     async def append_events(self, lease: Lease, events: Sequence[Event]) -> None:
-        """Append durable events to the invocation's journal, atomically and fenced.
+        """:meth:`commit` of one write of durable ``events``, raising its error.
 
         An :class:`~trio_agents.events.InvocationEnded` among them sets the invocation's
         status, releases the lease (``owner`` becomes ``None``) and clears its cancel request.
@@ -218,11 +336,41 @@ class Store(Protocol):
         ...
 
     async def load_events(self, invocation_id: str, *, after_seq: int = 0) -> list[Event]:
-        """The journal in ``seq`` order.
+        """The journal (durable events only) in ``seq`` order: what a resume rebuilds from.
 
         Raises :class:`~trio_agents.InvocationNotFound`, and
         :class:`~trio_agents.CorruptRecordError` naming the invocation and ``seq`` of the first
         stored event after ``after_seq`` that cannot be read.
+        """
+        ...
+
+    async def read_events(
+        self, invocation_id: str, *, after: EventId = (0, 0), limit: int | None = None
+    ) -> list[Event]:
+        """Every stored event - journal rows and batched ephemeral ones - with an id above
+        ``after``, in id order, at most ``limit``.
+
+        Raises :class:`~trio_agents.InvocationNotFound`, :class:`~trio_agents.UsageError` for a
+        negative ``limit``, and :class:`~trio_agents.CorruptRecordError` naming the invocation
+        and the ids of a row (or batch) that cannot be read.
+        """
+        ...
+
+    # `timeout` is a poll interval, as for wait_for_requests.
+    async def wait_for_events(
+        self,
+        invocation_id: str,
+        *,
+        after: EventId,
+        timeout: float,  # noqa: ASYNC109
+    ) -> None:
+        """Return at once if the store holds an event of the invocation with an id above
+        ``after``; else when one may have been stored, else after ``timeout`` seconds.
+
+        Wakeups may be spurious (and SQLite simply sleeps): re-read with :meth:`read_events`.
+        No event stored after this call began is missed (memory and PostgreSQL wake on it, in
+        any process for PostgreSQL).  On cancel the wait ends at once and nothing is left
+        behind.  Raises :class:`~trio_agents.InvocationNotFound`.
         """
         ...
 
@@ -251,6 +399,11 @@ class Store(Protocol):
 
     async def decisions(self, invocation_id: str) -> list[ApprovalDecision]:
         """The approval decisions recorded for this invocation, oldest first."""
+        ...
+
+    async def decisions_for(self, invocation_ids: Sequence[str]) -> list[ApprovalDecision]:
+        """The decisions of all these invocations in one query: grouped by invocation in the
+        order given, each group oldest first (``decided_at``, then ``approval_id``)."""
         ...
 
     # `timeout` is the longest a caller goes without re-polling (a store that cannot be woken
@@ -282,18 +435,29 @@ class Store(Protocol):
         """
         ...
 
-    async def get_session(self, session_id: str) -> Session:
-        """The session with all its entries.  Raises :class:`~trio_agents.SessionNotFound`."""
+    async def get_session(
+        self, session_id: str, *, after_seq: int = 0, limit: int | None = None
+    ) -> Session:
+        """The session with its entries of ``seq`` above ``after_seq``, oldest first, at most
+        ``limit`` of them (``last_seq`` is the session's, whatever the page holds).
+
+        Raises :class:`~trio_agents.SessionNotFound`, and :class:`~trio_agents.UsageError`
+        for a negative ``limit``.
+        """
         ...
 
-    async def append_session_entry(self, session_id: str, entry: SessionEntry) -> Session:
+    async def append_session_entry(
+        self, session_id: str, entry: SessionEntry, *, expect_last_seq: int | None = None
+    ) -> Session:
         """Append ``entry`` and fold its ``state_delta`` into the state, in one transaction.
 
-        Returns the session as it is after the append.  ``entry.seq`` must be greater than the
-        session's last ``seq``, else :class:`~trio_agents.StoreError` is raised and nothing is
-        written (two writers racing with ``last_seq + 1`` thus cannot both succeed).  Raises
-        :class:`~trio_agents.SessionNotFound`, and :class:`~trio_agents.UsageError` if the
-        delta is not JSON.
+        Returns the whole session as it is after the append.  ``entry.seq`` of ``0`` takes the
+        next ``seq``; any other must be greater than the session's ``last_seq``, else
+        :class:`~trio_agents.StoreError` is raised and nothing is written (two writers racing
+        with ``last_seq + 1`` thus cannot both succeed).  With ``expect_last_seq``, a session
+        whose ``last_seq`` differs raises :class:`~trio_agents.StoreError` naming both and
+        writes nothing.  Raises :class:`~trio_agents.SessionNotFound`, and
+        :class:`~trio_agents.UsageError` if the delta is not JSON.
         """
         ...
 

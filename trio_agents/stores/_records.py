@@ -1,8 +1,14 @@
-"""Rules and stored forms shared by every store: JSON checks, state deltas, cancel merging.
+"""Rules and stored forms shared by every store: JSON checks, state deltas, cancel merging,
+the checks of a journal write, session busy and session entry numbering.
 
-Events are stored with :func:`trio_agents.events.encode`; this module adds the stored form of
-session entries and states, and the one place where a row that cannot be read becomes a
-:class:`~trio_agents.CorruptRecordError` naming what it belongs to.
+Events are stored with :func:`trio_agents.events.encode`; a batch of ephemeral events is stored
+as a JSON array of those same objects (each element is exactly the JSON :func:`encode` wrote).
+This module adds the stored form of session entries and states, and the one place where a row
+that cannot be read becomes a :class:`~trio_agents.CorruptRecordError` naming what it belongs
+to.
+
+Session entries: version 2 adds ``status``, ``interrupted`` and ``reason``; version 1 entries
+(without them) still read, with their defaults.
 """
 
 from __future__ import annotations
@@ -12,26 +18,55 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from .._exceptions import CorruptRecordError, LeaseError, StoreError, UsageError
-from ..events import Event, decode, decode_message, encode_message, stronger_mode
-from ._base import JSON, CancelRequest, Lease, SessionEntry
+import attrs
+
+from .._exceptions import CorruptRecordError, LeaseError, SessionBusy, StoreError, UsageError
+from ..events import (
+    Event,
+    EventId,
+    InvocationEnded,
+    decode,
+    decode_message,
+    encode,
+    encode_message,
+    event_id,
+    from_dict,
+    stronger_mode,
+)
+from ._base import (
+    JSON,
+    CancelRequest,
+    InvocationRecord,
+    InvocationStatus,
+    JournalWrite,
+    Lease,
+    SessionEntry,
+)
 
 __all__ = [
     "SESSION_ENTRY_VERSION",
     "apply_state_delta",
     "check_json_object",
-    "check_seqs",
+    "check_write",
+    "decode_batch",
     "decode_entry",
     "decode_event_row",
     "decode_state",
+    "encode_batch",
     "encode_entry",
     "encode_state",
     "lease_held",
     "lease_taken",
     "merge_cancel",
+    "next_entry",
+    "session_busy",
 ]
 
-SESSION_ENTRY_VERSION: Final = 1
+SESSION_ENTRY_VERSION: Final = 2
+_ENTRY_FIELDS: Final = frozenset(
+    {"v", "seq", "author", "invocation_id", "message", "state_delta", "at"}
+)
+_ENTRY_FIELDS_V2: Final = _ENTRY_FIELDS | {"status", "interrupted", "reason"}
 
 
 def _check_json(value: Any, where: str) -> None:
@@ -74,20 +109,92 @@ def apply_state_delta(state: Mapping[str, JSON], delta: Mapping[str, JSON]) -> d
     return new
 
 
-def check_seqs(invocation_id: str, last: int, events: Sequence[Event]) -> int:
-    """Raise :class:`StoreError` unless ``events`` belong here and their seqs grow; new last."""
-    for event in events:
-        if event.invocation_id != invocation_id:
-            raise StoreError(
-                f"event of invocation {event.invocation_id!r} appended to {invocation_id!r}"
-            )
-        if event.seq <= last:
-            raise StoreError(
-                f"event seq {event.seq} of invocation {invocation_id!r} is not after "
-                f"the last stored seq {last}; nothing was written"
-            )
-        last = event.seq
-    return last
+def _id_text(value: EventId) -> str:
+    return f"{value[0]}.{value[1]}" if value[1] else str(value[0])
+
+
+def check_write(
+    record: InvocationRecord, write: JournalWrite
+) -> tuple[EventId, InvocationStatus, str | None]:
+    """Check ``write`` against its invocation's stored ``record`` (already fenced).
+
+    Returns the new head, status and owner.  Raises :class:`StoreError` naming the invocation
+    and the ids unless ``deltas`` then ``events`` belong here, are ephemeral then durable, and
+    their ids grow strictly above the stored head.
+    """
+    invocation_id = record.id
+    head = record.head
+    status, owner = record.status, record.owner
+    for what, items, durable in (("delta", write.deltas, False), ("event", write.events, True)):
+        for event in items:
+            name = f"{what} {event_id(event)}"
+            if event.invocation_id != invocation_id:
+                raise StoreError(
+                    f"{name} of invocation {event.invocation_id!r} appended to "
+                    f"{invocation_id!r}; nothing was written"
+                )
+            if durable and event.sub != 0:
+                raise StoreError(
+                    f"{name} of invocation {invocation_id!r} is ephemeral (sub {event.sub}) "
+                    "but was written as a durable event; nothing was written"
+                )
+            if not durable and event.sub < 1:
+                raise StoreError(
+                    f"{name} of invocation {invocation_id!r} is durable (sub 0) but was "
+                    "written as a delta; nothing was written"
+                )
+            if (event.seq, event.sub) <= head:
+                raise StoreError(
+                    f"{what} seq {event_id(event)} of invocation {invocation_id!r} is not after "
+                    f"the id stored or written before it, {_id_text(head)}; nothing was written"
+                )
+            head = (event.seq, event.sub)
+            if isinstance(event, InvocationEnded) and durable:
+                status, owner = event.status, None
+    return head, status, owner
+
+
+def session_busy(session_id: str, running: str) -> SessionBusy:
+    """The error for starting an invocation on a session another one is running on."""
+    return SessionBusy(
+        f"session {session_id!r} has invocation {running!r} running; wait for it to end or "
+        "cancel it (or pass exclusive_session=False); nothing was written"
+    )
+
+
+def next_entry(
+    session_id: str,
+    entry: SessionEntry,
+    *,
+    last_seq: int,
+    now: float,
+    expect_last_seq: int | None = None,
+    invocation_id: str | None = None,
+) -> SessionEntry:
+    """The entry as it is stored: checked, numbered (``seq`` 0 is the next), stamped.
+
+    Raises :class:`UsageError` if the delta is not JSON, :class:`StoreError` if
+    ``expect_last_seq`` is not the session's ``last_seq`` or ``seq`` does not grow.
+    """
+    delta = check_json_object(entry.state_delta, "the entry's state_delta")
+    if expect_last_seq is not None and expect_last_seq != last_seq:
+        raise StoreError(
+            f"session {session_id!r} has last seq {last_seq}, not the expected "
+            f"{expect_last_seq} (another writer appended); nothing was written"
+        )
+    seq = entry.seq or last_seq + 1
+    if seq <= last_seq:
+        raise StoreError(
+            f"entry seq {seq} of session {session_id!r} is not after the last stored seq "
+            f"{last_seq}; nothing was written"
+        )
+    return attrs.evolve(
+        entry,
+        seq=seq,
+        state_delta=delta,
+        at=entry.at or now,
+        invocation_id=entry.invocation_id if entry.invocation_id is not None else invocation_id,
+    )
 
 
 def lease_taken(lease: Lease, owner: str | None, epoch: int) -> LeaseError:
@@ -145,6 +252,47 @@ def decode_event_row(text: str | bytes, *, invocation_id: str, seq: int) -> Even
     return event
 
 
+def encode_batch(deltas: Sequence[Event]) -> str:
+    """A batch's stored form: a JSON array of the events' :func:`encode` objects."""
+    return "[" + ",".join(encode(e) for e in deltas) + "]"
+
+
+def decode_batch(
+    text: str | bytes, *, invocation_id: str, first: EventId, last: EventId
+) -> list[Event]:
+    """Read a stored batch; :class:`CorruptRecordError` names the invocation and its ids."""
+    where = f"event batch {_id_text(first)}..{_id_text(last)} of invocation {invocation_id!r}"
+    try:
+        items = json.loads(text)
+    except ValueError as exc:
+        raise CorruptRecordError(f"{where} cannot be read: not valid JSON: {exc}") from exc
+    if not isinstance(items, list) or not items:
+        raise CorruptRecordError(f"{where} cannot be read: not a non-empty JSON array")
+    events: list[Event] = []
+    previous: EventId = (0, 0)
+    for item in items:
+        try:
+            event = from_dict(item)
+        except CorruptRecordError as exc:
+            raise CorruptRecordError(f"{where} cannot be read: {exc}") from exc
+        ident = (event.seq, event.sub)
+        if (
+            event.invocation_id != invocation_id
+            or event.sub < 1
+            or ident <= previous
+            or not first <= ident <= last
+        ):
+            raise CorruptRecordError(
+                f"{where} cannot be read: it holds event {event_id(event)} of invocation "
+                f"{event.invocation_id!r}"
+            )
+        previous = ident
+        events.append(event)
+    if (events[0].seq, events[0].sub) != first or previous != last:
+        raise CorruptRecordError(f"{where} cannot be read: its events do not span its ids")
+    return events
+
+
 def encode_entry(entry: SessionEntry) -> str:
     """A session entry's stored JSON form, with its version under ``"v"``."""
     data = {
@@ -155,6 +303,9 @@ def encode_entry(entry: SessionEntry) -> str:
         "message": encode_message(entry.message) if entry.message is not None else None,
         "state_delta": dict(entry.state_delta),
         "at": entry.at,
+        "status": entry.status,
+        "interrupted": entry.interrupted,
+        "reason": entry.reason,
     }
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
@@ -172,7 +323,7 @@ def decode_entry(text: str | bytes, *, session_id: str, seq: int) -> SessionEntr
     if not isinstance(data, dict):
         raise _corrupt_entry(session_id, seq, "not a JSON object")
     version = data.get("v")
-    if version != SESSION_ENTRY_VERSION:
+    if version not in (1, SESSION_ENTRY_VERSION):
         if isinstance(version, int) and version > SESSION_ENTRY_VERSION:
             why = (
                 f"written by a newer trio_agents (version {version}, this one reads "
@@ -183,13 +334,21 @@ def decode_entry(text: str | bytes, *, session_id: str, seq: int) -> SessionEntr
         raise _corrupt_entry(session_id, seq, why)
     author, invocation_id = data.get("author"), data.get("invocation_id")
     delta, at, message = data.get("state_delta"), data.get("at"), data.get("message")
+    status, interrupted, reason = (
+        data.get("status"),
+        data.get("interrupted", False),
+        data.get("reason"),
+    )
     if (
         data.get("seq") != seq
         or not isinstance(author, str)
         or not (invocation_id is None or isinstance(invocation_id, str))
         or not isinstance(delta, dict)
         or not isinstance(at, (int, float))
-        or set(data) != {"v", "seq", "author", "invocation_id", "message", "state_delta", "at"}
+        or not (status is None or isinstance(status, str))
+        or not isinstance(interrupted, bool)
+        or not (reason is None or isinstance(reason, str))
+        or set(data) != (_ENTRY_FIELDS if version == 1 else _ENTRY_FIELDS_V2)
     ):
         raise _corrupt_entry(session_id, seq, f"unexpected fields or types in {data!r:.200}")
     try:
@@ -203,6 +362,9 @@ def decode_entry(text: str | bytes, *, session_id: str, seq: int) -> SessionEntr
         message=decoded,
         state_delta=delta,
         at=float(at),
+        status=status,
+        interrupted=interrupted,
+        reason=reason,
     )
 
 

@@ -4,7 +4,15 @@ Each operation is a plain function that runs inside one transaction, in a worker
 :class:`Tx` that the store opened: SQLite's ``BEGIN IMMEDIATE`` or PostgreSQL's ``BEGIN`` with
 ``SELECT ... FOR UPDATE`` on the row it is about to change.  Checks (fencing, ``seq`` order)
 run before the first write, and the store rolls the transaction back on any error, so a
-rejected write changes nothing.  SQL uses ``?`` placeholders; the PostgreSQL store maps them.
+rejected write changes nothing (a group commit rolls a rejected write back to its own
+``SAVEPOINT``).  SQL uses ``?`` placeholders; the PostgreSQL store maps them.
+
+Rows are locked in one order everywhere - invocations (by id) before sessions (by id) - so
+two processes' transactions cannot deadlock on each other's locks.
+
+This module holds the schema, invocation records, leases, cancel requests and approval
+decisions; :mod:`._sql_journal` the journal (group commit, reads, a durable start) and
+:mod:`._sql_sessions` the sessions.
 
 The schema is created and migrated by :func:`migrate` from :data:`MIGRATIONS`, an ordered list:
 version ``n`` is ``MIGRATIONS[n - 1]``; the ``schema_version`` table records how far a database
@@ -13,42 +21,18 @@ has come.  Add a migration by appending to the list - never edit a released one.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Final, Protocol, cast
 
-from .._exceptions import (
-    CorruptRecordError,
-    InvocationNotFound,
-    SessionNotFound,
-    StoreError,
-    UsageError,
-)
-from ..events import CANCEL_MODES, Event, InvocationEnded, encode
-from ._base import (
-    JSON,
-    ApprovalDecision,
-    CancelRequest,
-    InvocationRecord,
-    InvocationStatus,
-    Lease,
-    Session,
-    SessionEntry,
-)
-from ._records import (
-    apply_state_delta,
-    check_json_object,
-    check_seqs,
-    decode_entry,
-    decode_event_row,
-    decode_state,
-    encode_entry,
-    encode_state,
-    lease_held,
-    lease_taken,
-    merge_cancel,
-)
+import attrs
 
-__all__ = ["MIGRATIONS", "Tx", "migrate"]
+from .._exceptions import CorruptRecordError, InvocationNotFound, LeaseError, StoreError, UsageError
+from ..events import CANCEL_MODES
+from ._base import ApprovalDecision, CancelRequest, InvocationRecord, InvocationStatus, Lease
+from ._records import lease_held, lease_taken, merge_cancel
+from ._sql_sessions import claim_session
+
+__all__ = ["CHUNK", "MIGRATIONS", "Tx", "chunks", "fenced", "locked", "migrate", "record_of"]
 
 MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     # 1: invocations, their journal, cancel requests, sessions.  The types are spelled so that
@@ -112,12 +96,29 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
             PRIMARY KEY (invocation_id, approval_id)
         )""",
     ),
+    # 3: the head (last_seq, last_sub) of ephemeral events; batches of them; sessions' running
+    # invocations found by index (the session-busy check).
+    (
+        "ALTER TABLE invocations ADD COLUMN last_sub BIGINT NOT NULL DEFAULT 0",
+        "CREATE INDEX invocations_by_session ON invocations (session_id, status)",
+        """CREATE TABLE event_batches (
+            invocation_id TEXT NOT NULL REFERENCES invocations (id) ON DELETE CASCADE,
+            first_seq BIGINT NOT NULL,
+            first_sub BIGINT NOT NULL,
+            last_seq BIGINT NOT NULL,
+            last_sub BIGINT NOT NULL,
+            data TEXT NOT NULL,
+            PRIMARY KEY (invocation_id, first_seq, first_sub)
+        )""",
+    ),
 )
 
 _COLUMNS: Final = (
     "id, agent, input, user_id, session_id, status, created_at, updated_at, owner, "
-    "lease_epoch, lease_expires_at, last_seq"
+    "lease_epoch, lease_expires_at, last_seq, last_sub"
 )
+CHUNK: Final = 500
+"""Ids per ``IN (...)`` list: well under SQLite's limit of bound parameters."""
 _STATUSES: Final = frozenset({"running", "completed", "failed", "cancelled", "paused"})
 
 
@@ -143,6 +144,19 @@ class Tx(Protocol):
         """Wake other processes' :meth:`Store.wait_for_requests`, on commit."""
         ...
 
+    def notify_events(self, invocation_id: str) -> None:
+        """Wake :meth:`Store.wait_for_events` of this invocation (any process), on commit."""
+        ...
+
+
+def chunks(ids: Sequence[str]) -> list[tuple[list[str], str]]:
+    """``ids`` without repeats, cut in chunks for ``IN (...)``: (chunk, its ``?`` marks)."""
+    unique = list(dict.fromkeys(ids))
+    return [
+        (unique[i : i + CHUNK], ", ".join("?" * len(unique[i : i + CHUNK])))
+        for i in range(0, len(unique), CHUNK)
+    ]
+
 
 def migrate(tx: Tx) -> int:
     """Bring the schema to the newest version; return it.  Runs in the caller's transaction."""
@@ -167,7 +181,7 @@ def migrate(tx: Tx) -> int:
 # ---- invocations --------------------------------------------------------------------------
 
 
-def _record(row: Sequence[Any]) -> InvocationRecord:
+def record_of(row: Sequence[Any]) -> InvocationRecord:
     if row[5] not in _STATUSES:
         raise CorruptRecordError(f"invocation {row[0]!r} has an unknown status {row[5]!r}")
     return InvocationRecord(
@@ -183,65 +197,62 @@ def _record(row: Sequence[Any]) -> InvocationRecord:
         lease_epoch=int(row[9]),
         lease_expires_at=float(row[10]),
         last_seq=int(row[11]),
+        last_sub=int(row[12]),
     )
 
 
-def _locked(tx: Tx, invocation_id: str) -> InvocationRecord:
+def locked(tx: Tx, invocation_id: str) -> InvocationRecord:
     rows = tx.rows(
         f"SELECT {_COLUMNS} FROM invocations WHERE id = ?{tx.for_update}", (invocation_id,)
     )
     if not rows:
         raise InvocationNotFound(f"no invocation with id {invocation_id!r}")
-    return _record(rows[0])
-
-
-def create_invocation(tx: Tx, record: InvocationRecord, ttl: float) -> Lease:
-    if not record.owner:
-        raise UsageError("a new invocation record needs an owner")
-    now = tx.now()
-    inserted = tx.run(
-        f"INSERT INTO invocations ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, 'running', ?, ?, ?, 1, ?, 0)"
-        " ON CONFLICT (id) DO NOTHING",
-        (
-            record.id,
-            record.agent,
-            record.input,
-            record.user_id,
-            record.session_id,
-            now,
-            now,
-            record.owner,
-            now + ttl,
-        ),
-    )
-    if inserted == 0:
-        raise UsageError(f"an invocation with id {record.id!r} exists already")
-    return Lease(invocation_id=record.id, owner=record.owner, epoch=1, expires_at=now + ttl)
+    return record_of(rows[0])
 
 
 def get_invocation(tx: Tx, invocation_id: str) -> InvocationRecord:
     rows = tx.rows(f"SELECT {_COLUMNS} FROM invocations WHERE id = ?", (invocation_id,))
     if not rows:
         raise InvocationNotFound(f"no invocation with id {invocation_id!r}")
-    return _record(rows[0])
+    return record_of(rows[0])
 
 
-def list_invocations(tx: Tx, status: InvocationStatus | None, limit: int) -> list[InvocationRecord]:
+def list_invocations(
+    tx: Tx, status: InvocationStatus | None, session_id: str | None, limit: int
+) -> list[InvocationRecord]:
     if limit < 0:
         raise UsageError(f"limit must be >= 0, got {limit}")
-    where, params = ("WHERE status = ? ", [status]) if status is not None else ("", [])
+    conditions: list[str] = []
+    params: list[Any] = []
+    if status is not None:
+        conditions.append("status = ?")
+        params.append(status)
+    if session_id is not None:
+        conditions.append("session_id = ?")
+        params.append(session_id)
+    where = f"WHERE {' AND '.join(conditions)} " if conditions else ""
     rows = tx.rows(
         f"SELECT {_COLUMNS} FROM invocations {where}ORDER BY created_at DESC, id DESC LIMIT ?",
         [*params, limit],
     )
-    return [_record(row) for row in rows]
+    return [record_of(row) for row in rows]
 
 
-def acquire_lease(tx: Tx, invocation_id: str, owner: str, ttl: float) -> Lease:
-    record = _locked(tx, invocation_id)
+def acquire_lease(
+    tx: Tx, invocation_id: str, owner: str, ttl: float, exclusive_session: bool = True
+) -> Lease:
+    record = locked(tx, invocation_id)
     now = tx.now()
     if record.status == "running" and record.owner != owner and record.lease_expires_at > now:
         raise lease_held(invocation_id, record.owner, record.lease_expires_at, now)
+    if record.session_id is not None:
+        claim_session(
+            tx,
+            record.session_id,
+            record.user_id,
+            invocation_id=invocation_id,
+            exclusive=exclusive_session,
+        )
     epoch = record.lease_epoch + 1
     tx.run(
         "UPDATE invocations SET status = 'running', owner = ?, lease_epoch = ?,"
@@ -252,15 +263,15 @@ def acquire_lease(tx: Tx, invocation_id: str, owner: str, ttl: float) -> Lease:
     return Lease(invocation_id=invocation_id, owner=owner, epoch=epoch, expires_at=now + ttl)
 
 
-def _fenced(tx: Tx, lease: Lease) -> InvocationRecord:
-    record = _locked(tx, lease.invocation_id)
+def fenced(tx: Tx, lease: Lease) -> InvocationRecord:
+    record = locked(tx, lease.invocation_id)
     if record.lease_epoch != lease.epoch or record.owner != lease.owner:
         raise lease_taken(lease, record.owner, record.lease_epoch)
     return record
 
 
 def renew_lease(tx: Tx, lease: Lease, ttl: float) -> Lease:
-    _fenced(tx, lease)
+    fenced(tx, lease)
     expires_at = tx.now() + ttl
     tx.run(
         "UPDATE invocations SET lease_expires_at = ? WHERE id = ?",
@@ -274,34 +285,33 @@ def renew_lease(tx: Tx, lease: Lease, ttl: float) -> Lease:
     )
 
 
-def append_events(tx: Tx, lease: Lease, events: Sequence[Event]) -> None:
-    record = _fenced(tx, lease)
-    last = check_seqs(lease.invocation_id, record.last_seq, events)
-    status: str = record.status
-    owner = record.owner
-    for event in events:
-        if isinstance(event, InvocationEnded):
-            status, owner = event.status, None
-    tx.run_many(
-        "INSERT INTO events (invocation_id, seq, kind, data) VALUES (?, ?, ?, ?)",
-        [(lease.invocation_id, e.seq, e.kind, encode(e)) for e in events],
-    )
-    tx.run(
-        "UPDATE invocations SET last_seq = ?, status = ?, owner = ?, updated_at = ? WHERE id = ?",
-        (last, status, owner, tx.now(), lease.invocation_id),
-    )
-    if status != "running":
-        tx.run("DELETE FROM cancel_requests WHERE invocation_id = ?", (lease.invocation_id,))
-
-
-def load_events(tx: Tx, invocation_id: str, after_seq: int) -> list[Event]:
-    if not tx.rows("SELECT 1 FROM invocations WHERE id = ?", (invocation_id,)):
-        raise InvocationNotFound(f"no invocation with id {invocation_id!r}")
-    rows = tx.rows(
-        "SELECT seq, data FROM events WHERE invocation_id = ? AND seq > ? ORDER BY seq",
-        (invocation_id, after_seq),
-    )
-    return [decode_event_row(data, invocation_id=invocation_id, seq=int(seq)) for seq, data in rows]
+def renew_leases(tx: Tx, leases: Sequence[Lease], ttl: float) -> list[Lease | LeaseError]:
+    found: dict[str, tuple[str | None, int]] = {}
+    for chunk, marks in chunks([lease.invocation_id for lease in leases]):
+        for row in tx.rows(
+            f"SELECT id, owner, lease_epoch FROM invocations WHERE id IN ({marks})"
+            f" ORDER BY id{tx.for_update}",
+            chunk,
+        ):
+            found[row[0]] = (row[1], int(row[2]))
+    expires_at = tx.now() + ttl
+    results: list[Lease | LeaseError] = []
+    for lease in leases:
+        if lease.invocation_id not in found:
+            results.append(LeaseError(f"no invocation with id {lease.invocation_id!r} to renew"))
+            continue
+        owner, epoch = found[lease.invocation_id]
+        if epoch != lease.epoch or owner != lease.owner:
+            results.append(lease_taken(lease, owner, epoch))
+        else:
+            results.append(attrs.evolve(lease, expires_at=expires_at))
+    fresh = [r.invocation_id for r in results if isinstance(r, Lease)]
+    for chunk, marks in chunks(fresh):
+        tx.run(
+            f"UPDATE invocations SET lease_expires_at = ? WHERE id IN ({marks})",
+            [expires_at, *chunk],
+        )
+    return results
 
 
 # ---- cancel requests ----------------------------------------------------------------------
@@ -359,10 +369,7 @@ def request_cancel(tx: Tx, request: CancelRequest) -> bool:
 
 def cancel_requests(tx: Tx, invocation_ids: Sequence[str]) -> list[CancelRequest]:
     found: dict[str, CancelRequest] = {}
-    ids = list(dict.fromkeys(invocation_ids))
-    for start in range(0, len(ids), 500):
-        chunk = ids[start : start + 500]
-        marks = ", ".join("?" * len(chunk))
+    for chunk, marks in chunks(invocation_ids):
         for row in tx.rows(
             f"SELECT {_CANCEL_COLUMNS} FROM cancel_requests WHERE invocation_id IN ({marks})",
             chunk,
@@ -396,113 +403,33 @@ def record_decision(tx: Tx, decision: ApprovalDecision) -> bool:
     return bool(inserted)
 
 
+def _decision(row: Sequence[Any]) -> ApprovalDecision:
+    return ApprovalDecision(
+        invocation_id=row[0],
+        approval_id=row[1],
+        approved=bool(row[2]),
+        reason=row[3],
+        decided_by=row[4],
+        decided_at=float(row[5]),
+    )
+
+
 def decisions(tx: Tx, invocation_id: str) -> list[ApprovalDecision]:
     rows = tx.rows(
         f"SELECT {_DECISION_COLUMNS} FROM approval_decisions WHERE invocation_id = ?"
         " ORDER BY decided_at, approval_id",
         (invocation_id,),
     )
-    return [
-        ApprovalDecision(
-            invocation_id=row[0],
-            approval_id=row[1],
-            approved=bool(row[2]),
-            reason=row[3],
-            decided_by=row[4],
-            decided_at=float(row[5]),
-        )
-        for row in rows
-    ]
+    return [_decision(row) for row in rows]
 
 
-# ---- sessions -----------------------------------------------------------------------------
-
-
-def create_session(
-    tx: Tx, session_id: str, user_id: str | None, state: Mapping[str, JSON] | None
-) -> Session:
-    copy = check_json_object(state or {}, "the session state")
-    now = tx.now()
-    inserted = tx.run(
-        "INSERT INTO sessions (id, user_id, state, created_at, updated_at, last_seq)"
-        " VALUES (?, ?, ?, ?, ?, 0) ON CONFLICT (id) DO NOTHING",
-        (session_id, user_id, encode_state(copy), now, now),
-    )
-    if inserted == 0:
-        raise UsageError(f"a session with id {session_id!r} exists already")
-    return Session(id=session_id, user_id=user_id, state=copy, created_at=now, updated_at=now)
-
-
-def _session_row(tx: Tx, session_id: str, lock: str = "") -> tuple[Any, ...]:
-    rows = tx.rows(
-        f"SELECT user_id, state, created_at, updated_at, last_seq FROM sessions WHERE id = ?{lock}",
-        (session_id,),
-    )
-    if not rows:
-        raise SessionNotFound(f"no session with id {session_id!r}")
-    return rows[0]
-
-
-def _session(
-    tx: Tx,
-    session_id: str,
-    *,
-    user_id: str | None,
-    state: Mapping[str, JSON],
-    created_at: float,
-    updated_at: float,
-) -> Session:
-    entries = tx.rows(
-        "SELECT seq, data FROM session_entries WHERE session_id = ? ORDER BY seq", (session_id,)
-    )
-    return Session(
-        id=session_id,
-        user_id=user_id,
-        state=state,
-        entries=[decode_entry(data, session_id=session_id, seq=int(seq)) for seq, data in entries],
-        created_at=float(created_at),
-        updated_at=float(updated_at),
-    )
-
-
-def get_session(tx: Tx, session_id: str) -> Session:
-    user_id, state, created_at, updated_at, _ = _session_row(tx, session_id)
-    return _session(
-        tx,
-        session_id,
-        user_id=user_id,
-        state=decode_state(state, session_id=session_id),
-        created_at=created_at,
-        updated_at=updated_at,
-    )
-
-
-def append_session_entry(tx: Tx, session_id: str, entry: SessionEntry) -> Session:
-    delta = check_json_object(entry.state_delta, "the entry's state_delta")
-    user_id, state_text, created_at, _, last_seq = _session_row(tx, session_id, tx.for_update)
-    if entry.seq <= last_seq:
-        raise StoreError(
-            f"entry seq {entry.seq} of session {session_id!r} is not after the last stored seq "
-            f"{last_seq}; nothing was written"
-        )
-    now = tx.now()
-    state = apply_state_delta(decode_state(state_text, session_id=session_id), delta)
-    stored = SessionEntry(
-        seq=entry.seq,
-        author=entry.author,
-        invocation_id=entry.invocation_id,
-        message=entry.message,
-        state_delta=delta,
-        at=entry.at or now,
-    )
-    tx.run(
-        "INSERT INTO session_entries (session_id, seq, data) VALUES (?, ?, ?)",
-        (session_id, entry.seq, encode_entry(stored)),
-    )
-    tx.run(
-        "UPDATE sessions SET state = ?, updated_at = ?, last_seq = ? WHERE id = ?",
-        (encode_state(state), now, entry.seq, session_id),
-    )
-    return _session(
-        tx, session_id, user_id=user_id, state=state, created_at=created_at, updated_at=now
-    )
+def decisions_for(tx: Tx, invocation_ids: Sequence[str]) -> list[ApprovalDecision]:
+    found: dict[str, list[ApprovalDecision]] = {}
+    for chunk, marks in chunks(invocation_ids):
+        for row in tx.rows(
+            f"SELECT {_DECISION_COLUMNS} FROM approval_decisions WHERE invocation_id IN ({marks})"
+            " ORDER BY decided_at, approval_id",
+            chunk,
+        ):
+            found.setdefault(row[0], []).append(_decision(row))
+    return [d for i in dict.fromkeys(invocation_ids) for d in found.get(i, [])]

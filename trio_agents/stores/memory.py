@@ -1,27 +1,41 @@
 """An in-memory store: the default of a bare ``Runner()``; lost when the process exits.
 
 It is the reference semantics: it follows the same contract as the durable stores (fencing,
-sequence checks, cancel requests, sessions) so tests written for one store run against all of
-them.  It owns nothing but dicts; every method is one step with no await in the middle, so a
-cancel either happens before the step (nothing changed) or not at all.
+sequence checks, group commit, cancel requests, sessions) so tests written for one store run
+against all of them.  It owns nothing but dicts; every method is one step with no await in the
+middle, so a cancel either happens before the step (nothing changed) or not at all.  A write
+checks everything before it changes anything, so a rejected write changes nothing.
+
+Waits (:meth:`MemoryStore.wait_for_requests`, :meth:`MemoryStore.wait_for_events`) are on trio
+time, so they run under ``autojump_clock``; a commit wakes the waiters of the invocations it
+wrote.
 """
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 import trio
 
-from .._exceptions import InvocationNotFound, SessionNotFound, StoreError, UsageError
-from ..events import Event, InvocationEnded
+from .._exceptions import (
+    InvocationNotFound,
+    LeaseError,
+    SessionNotFound,
+    StoreError,
+    UsageError,
+)
+from ..events import Event, EventId
 from ._base import (
     JSON,
     ApprovalDecision,
     CancelRequest,
+    CommitResult,
     InvocationRecord,
     InvocationStatus,
+    JournalWrite,
     Lease,
     Session,
     SessionEntry,
@@ -29,10 +43,12 @@ from ._base import (
 from ._records import (
     apply_state_delta,
     check_json_object,
-    check_seqs,
+    check_write,
     lease_held,
     lease_taken,
     merge_cancel,
+    next_entry,
+    session_busy,
 )
 
 __all__ = ["MemoryStore"]
@@ -41,16 +57,21 @@ __all__ = ["MemoryStore"]
 class MemoryStore:
     """Keeps everything in dicts.  ``clock`` (Unix seconds) is injectable for lease tests.
 
-    :meth:`wait_for_requests` waits on trio time, so it runs under ``autojump_clock``.
+    :meth:`wait_for_requests` and :meth:`wait_for_events` wait on trio time, so they run under
+    ``autojump_clock``.
     """
 
     def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
         self._records: dict[str, InvocationRecord] = {}
-        self._journals: dict[str, list[Event]] = {}
+        self._journals: dict[str, list[Event]] = {}  # durable events only
+        self._events: dict[str, list[Event]] = {}  # every event, in id order
+        self._ids: dict[str, list[EventId]] = {}  # their ids (to bisect)
+        self._by_session: dict[str, list[str]] = {}  # session id -> its invocations
         self._cancels: dict[str, CancelRequest] = {}
         self._decisions: dict[str, dict[str, ApprovalDecision]] = {}  # invocation -> approval
         self._poke = trio.Event()
+        self._readers: dict[str, trio.lowlevel.ParkingLot] = {}  # wait_for_events, by invocation
         self._sessions: dict[str, Session] = {}
 
     def __repr__(self) -> str:
@@ -68,13 +89,38 @@ class MemoryStore:
         except KeyError:
             raise InvocationNotFound(f"no invocation with id {invocation_id!r}") from None
 
-    async def create_invocation(self, record: InvocationRecord, *, ttl: float) -> Lease:
+    def _busy_check(self, session_id: str, invocation_id: str, now: float) -> None:
+        for other in self._by_session.get(session_id, ()):
+            r = self._records[other]
+            if other != invocation_id and r.status == "running" and r.lease_expires_at > now:
+                raise session_busy(session_id, other)
+
+    def _ensure_session(self, session_id: str, user_id: str | None, now: float) -> Session:
+        session = self._sessions.get(session_id)
+        if session is None:
+            session = Session(id=session_id, user_id=user_id, created_at=now, updated_at=now)
+            self._sessions[session_id] = session
+        return session
+
+    async def create_invocation(
+        self,
+        record: InvocationRecord,
+        *,
+        ttl: float,
+        events: Sequence[Event] = (),
+        session_entry: SessionEntry | None = None,
+        exclusive_session: bool = True,
+    ) -> Lease:
         await trio.lowlevel.checkpoint()
-        if record.id in self._records:
-            raise UsageError(f"an invocation with id {record.id!r} exists already")
         if not record.owner:
             raise UsageError("a new invocation record needs an owner")
+        if session_entry is not None and record.session_id is None:
+            raise UsageError(f"invocation {record.id!r} has a session entry but no session_id")
         now = self._clock()
+        if record.session_id is not None and exclusive_session:
+            self._busy_check(record.session_id, record.id, now)
+        if record.id in self._records:
+            raise UsageError(f"an invocation with id {record.id!r} exists already")
         stored = attrs.evolve(
             record,
             status="running",
@@ -83,31 +129,56 @@ class MemoryStore:
             lease_epoch=1,
             lease_expires_at=now + ttl,
             last_seq=0,
+            last_sub=0,
         )
+        lease = Lease(invocation_id=record.id, owner=record.owner, epoch=1, expires_at=now + ttl)
+        write = JournalWrite(lease=lease, events=tuple(events), session_entry=session_entry)
+        apply = self._check(write, stored, now)  # raises before anything changes
+        if record.session_id is not None:
+            self._ensure_session(record.session_id, record.user_id, now)
+            self._by_session.setdefault(record.session_id, []).append(record.id)
         self._records[record.id] = stored
         self._journals[record.id] = []
-        return Lease(invocation_id=record.id, owner=record.owner, epoch=1, expires_at=now + ttl)
+        self._events[record.id] = []
+        self._ids[record.id] = []
+        apply()
+        return lease
 
     async def get_invocation(self, invocation_id: str) -> InvocationRecord:
         await trio.lowlevel.checkpoint()
         return self._get(invocation_id)
 
     async def list_invocations(
-        self, *, status: InvocationStatus | None = None, limit: int = 100
+        self,
+        *,
+        status: InvocationStatus | None = None,
+        session_id: str | None = None,
+        limit: int = 100,
     ) -> list[InvocationRecord]:
         await trio.lowlevel.checkpoint()
         if limit < 0:
             raise UsageError(f"limit must be >= 0, got {limit}")
-        records = [r for r in self._records.values() if status is None or r.status == status]
+        records = [
+            r
+            for r in self._records.values()
+            if (status is None or r.status == status)
+            and (session_id is None or r.session_id == session_id)
+        ]
         records.sort(key=lambda r: (r.created_at, r.id), reverse=True)
         return records[:limit]
 
-    async def acquire_lease(self, invocation_id: str, *, owner: str, ttl: float) -> Lease:
+    async def acquire_lease(
+        self, invocation_id: str, *, owner: str, ttl: float, exclusive_session: bool = True
+    ) -> Lease:
         await trio.lowlevel.checkpoint()
         record = self._get(invocation_id)
         now = self._clock()
         if record.status == "running" and record.owner != owner and record.lease_expires_at > now:
             raise lease_held(invocation_id, record.owner, record.lease_expires_at, now)
+        if record.session_id is not None:
+            if exclusive_session:
+                self._busy_check(record.session_id, invocation_id, now)
+            self._ensure_session(record.session_id, record.user_id, now)
         epoch = record.lease_epoch + 1
         self._records[invocation_id] = attrs.evolve(
             record,
@@ -133,27 +204,133 @@ class MemoryStore:
         self._records[lease.invocation_id] = attrs.evolve(record, lease_expires_at=now + ttl)
         return attrs.evolve(lease, expires_at=now + ttl)
 
-    async def append_events(self, lease: Lease, events: Sequence[Event]) -> None:
+    async def renew_leases(
+        self, leases: Sequence[Lease], *, ttl: float
+    ) -> list[Lease | LeaseError]:
         await trio.lowlevel.checkpoint()
-        record = self._check_fence(lease)
-        last = check_seqs(lease.invocation_id, record.last_seq, events)
-        status: InvocationStatus = record.status
-        owner = record.owner
-        for event in events:
-            if isinstance(event, InvocationEnded):
-                status = event.status
-                owner = None
-        self._journals[lease.invocation_id].extend(events)
-        self._records[lease.invocation_id] = attrs.evolve(
-            record, last_seq=last, status=status, owner=owner, updated_at=self._clock()
-        )
-        if status != "running":
-            self._cancels.pop(lease.invocation_id, None)
+        expires_at = self._clock() + ttl
+        results: list[Lease | LeaseError] = []
+        for lease in leases:
+            record = self._records.get(lease.invocation_id)
+            if record is None:
+                results.append(
+                    LeaseError(f"no invocation with id {lease.invocation_id!r} to renew")
+                )
+            elif record.lease_epoch != lease.epoch or record.owner != lease.owner:
+                results.append(lease_taken(lease, record.owner, record.lease_epoch))
+            else:
+                self._records[lease.invocation_id] = attrs.evolve(
+                    record, lease_expires_at=expires_at
+                )
+                results.append(attrs.evolve(lease, expires_at=expires_at))
+        return results
+
+    # ---- the journal ----------------------------------------------------------------------
+
+    def _check(
+        self, write: JournalWrite, record: InvocationRecord, now: float
+    ) -> Callable[[], None]:
+        """Check ``write`` against ``record``; return what stores it (it cannot fail)."""
+        (last_seq, last_sub), status, owner = check_write(record, write)
+        session_id = record.session_id
+        entry: SessionEntry | None = None
+        if write.session_entry is not None:
+            if session_id is None:
+                raise UsageError(
+                    f"invocation {record.id!r} has no session_id; its session entry has "
+                    "nowhere to go and nothing was written"
+                )
+            session = self._sessions.get(session_id)
+            entry = next_entry(
+                session_id,
+                write.session_entry,
+                last_seq=session.last_seq if session is not None else 0,
+                now=now,
+                invocation_id=record.id,
+            )
+
+        def apply() -> None:
+            invocation_id = record.id
+            written = [*write.deltas, *write.events]
+            self._journals[invocation_id].extend(write.events)
+            self._events[invocation_id].extend(written)
+            self._ids[invocation_id].extend((e.seq, e.sub) for e in written)
+            self._records[invocation_id] = attrs.evolve(
+                self._records[invocation_id],
+                last_seq=last_seq,
+                last_sub=last_sub,
+                status=status,
+                owner=owner,
+                updated_at=now,
+            )
+            if status != "running":
+                self._cancels.pop(invocation_id, None)
+            if entry is not None and session_id is not None:
+                self._append(self._ensure_session(session_id, record.user_id, now), entry, now)
+            if written:
+                lot = self._readers.pop(invocation_id, None)
+                if lot is not None:
+                    lot.unpark_all()
+
+        return apply
+
+    async def commit(self, writes: Sequence[JournalWrite]) -> list[CommitResult]:
+        await trio.lowlevel.checkpoint()
+        now = self._clock()
+        results: list[CommitResult] = []
+        for write in writes:
+            try:
+                apply = self._check(write, self._check_fence(write.lease), now)
+            except (StoreError, UsageError) as exc:
+                results.append(exc)
+            else:
+                apply()
+                results.append(None)
+        return results
+
+    async def append_events(self, lease: Lease, events: Sequence[Event]) -> None:
+        [error] = await self.commit([JournalWrite(lease=lease, events=tuple(events))])
+        if error is not None:
+            raise error
 
     async def load_events(self, invocation_id: str, *, after_seq: int = 0) -> list[Event]:
         await trio.lowlevel.checkpoint()
         self._get(invocation_id)
         return [e for e in self._journals[invocation_id] if e.seq > after_seq]
+
+    async def read_events(
+        self, invocation_id: str, *, after: EventId = (0, 0), limit: int | None = None
+    ) -> list[Event]:
+        await trio.lowlevel.checkpoint()
+        if limit is not None and limit < 0:
+            raise UsageError(f"limit must be >= 0, got {limit}")
+        self._get(invocation_id)
+        start = bisect.bisect_right(self._ids[invocation_id], after)
+        stop = None if limit is None else start + limit
+        return self._events[invocation_id][start:stop]
+
+    # `timeout` is a poll interval, as for wait_for_requests.
+    async def wait_for_events(
+        self,
+        invocation_id: str,
+        *,
+        after: EventId,
+        timeout: float,  # noqa: ASYNC109
+    ) -> None:
+        """Return at once if an event after ``after`` is stored, else on the next commit of
+        this invocation's events, else after ``timeout`` (trio time)."""
+        await trio.lowlevel.checkpoint()
+        if self._get(invocation_id).head > after:
+            return
+        lot = self._readers.setdefault(invocation_id, trio.lowlevel.ParkingLot())
+        try:
+            with trio.move_on_after(timeout):
+                await lot.park()
+        finally:
+            if not lot and self._readers.get(invocation_id) is lot:
+                del self._readers[invocation_id]
+
+    # ---- cancel requests and approval decisions ---------------------------------------------
 
     async def request_cancel(self, request: CancelRequest) -> bool:
         await trio.lowlevel.checkpoint()
@@ -185,6 +362,16 @@ class MemoryStore:
     async def decisions(self, invocation_id: str) -> list[ApprovalDecision]:
         await trio.lowlevel.checkpoint()
         return list(self._decisions.get(invocation_id, {}).values())
+
+    async def decisions_for(self, invocation_ids: Sequence[str]) -> list[ApprovalDecision]:
+        await trio.lowlevel.checkpoint()
+        return [
+            d
+            for i in dict.fromkeys(invocation_ids)
+            for d in sorted(
+                self._decisions.get(i, {}).values(), key=lambda d: (d.decided_at, d.approval_id)
+            )
+        ]
 
     # `timeout` is the longest a caller goes without re-polling (a store that cannot be woken
     # simply sleeps it), not a deadline to give up at: returning after it is the normal outcome.
@@ -225,29 +412,43 @@ class MemoryStore:
         self._sessions[session_id] = session
         return _copy_session(session)
 
-    async def get_session(self, session_id: str) -> Session:
+    async def get_session(
+        self, session_id: str, *, after_seq: int = 0, limit: int | None = None
+    ) -> Session:
         await trio.lowlevel.checkpoint()
-        return _copy_session(self._session(session_id))
-
-    async def append_session_entry(self, session_id: str, entry: SessionEntry) -> Session:
-        await trio.lowlevel.checkpoint()
+        if limit is not None and limit < 0:
+            raise UsageError(f"limit must be >= 0, got {limit}")
         session = self._session(session_id)
-        delta = check_json_object(entry.state_delta, "the entry's state_delta")
-        if entry.seq <= session.last_seq:
-            raise StoreError(
-                f"entry seq {entry.seq} of session {session_id!r} is not after the last "
-                f"stored seq {session.last_seq}; nothing was written"
-            )
-        now = self._clock()
-        stored = attrs.evolve(entry, state_delta=delta, at=entry.at or now)
+        entries = session.entries
+        start = bisect.bisect_right([e.seq for e in entries], after_seq)
+        page = entries[start : None if limit is None else start + limit]
+        return _copy_session(attrs.evolve(session, entries=page))
+
+    def _append(self, session: Session, stored: SessionEntry, now: float) -> Session:
         session = attrs.evolve(
             session,
-            state=apply_state_delta(session.state, delta),
+            state=apply_state_delta(session.state, stored.state_delta),
             entries=(*session.entries, stored),
             updated_at=now,
+            last_seq=stored.seq,
         )
-        self._sessions[session_id] = session
-        return _copy_session(session)
+        self._sessions[session.id] = session
+        return session
+
+    async def append_session_entry(
+        self, session_id: str, entry: SessionEntry, *, expect_last_seq: int | None = None
+    ) -> Session:
+        await trio.lowlevel.checkpoint()
+        session = self._session(session_id)
+        now = self._clock()
+        stored = next_entry(
+            session_id,
+            entry,
+            last_seq=session.last_seq,
+            now=now,
+            expect_last_seq=expect_last_seq,
+        )
+        return _copy_session(self._append(session, stored, now))
 
     async def aclose(self) -> None:
         await trio.lowlevel.checkpoint()

@@ -5,16 +5,20 @@ Who owns what
     asyncio only), called from worker threads; a ``trio.Semaphore`` as large as the pool, so a
     call waits for a free connection in trio (cancellable) rather than in a thread.  The pool
     runs a few threads of its own (connection upkeep).  For
-    :meth:`PostgresStore.wait_for_requests`, one more connection that ``LISTEN``\\s,
-    watched with ``trio.lowlevel.wait_readable`` - no thread.  :meth:`PostgresStore.aclose`
-    closes them all.
+    :meth:`PostgresStore.wait_for_requests` and :meth:`PostgresStore.wait_for_events`, one
+    more connection that ``LISTEN``\\s on two channels, shared by every waiter and watched
+    with ``trio.lowlevel.wait_readable`` - no thread (see :mod:`._pg_listen`).
+    :meth:`PostgresStore.aclose` closes them all.
 
 Transactions and fencing
     Every call is one transaction.  A write first locks the row it checks
     (``SELECT ... FOR UPDATE``), so the fencing check and the write cannot interleave with
     another process's, and a rejected write changes nothing.  ``request_cancel`` and
-    ``record_decision`` send ``NOTIFY`` in their transaction: it is delivered on commit, to
-    every process.
+    ``record_decision`` send ``NOTIFY`` on the requests channel (``trio_agents_cancel``), and
+    a commit that stores events sends one per invocation on the events channel
+    (``trio_agents_events``, payload: the invocation id), in their transaction: it is
+    delivered on commit, to every process.  With ``schema=``, both channel names get
+    ``:<schema>`` appended (hashed when too long), so schemas do not wake each other.
 
 Cancel
     A call's thread is never abandoned.  On a trio cancel the store sends PostgreSQL a cancel
@@ -37,8 +41,8 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from functools import lru_cache, partial
-from typing import Any, Final, TypeVar
+from functools import partial
+from typing import Any, TypeVar
 
 import psycopg
 import psycopg_pool
@@ -47,66 +51,29 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import TupleRow
 
-from .._exceptions import StoreError, StoreUnavailableError, UsageError
-from ..events import Event
-from . import _sql
+from .._exceptions import LeaseError, StoreError, StoreUnavailableError, UsageError
+from ..events import Event, EventId
+from . import _sql, _sql_journal, _sql_sessions
 from ._base import (
     JSON,
     ApprovalDecision,
     CancelRequest,
+    CommitResult,
     InvocationRecord,
     InvocationStatus,
+    JournalWrite,
     Lease,
     Session,
     SessionEntry,
 )
+from ._pg_listen import Listener
+from ._pg_tx import CHANNEL, EVENTS_CHANNEL, Tx, channel_name
 from ._threads import Aborted, run_interruptible
 
 __all__ = ["PostgresStore"]
 
 T = TypeVar("T")
 Conn = psycopg.Connection[TupleRow]
-
-_CHANNEL: Final = "trio_agents_cancel"
-
-
-@lru_cache(maxsize=256)
-def _pg(query: str) -> str:
-    return query.replace("?", "%s")
-
-
-class _Tx:
-    for_update = " FOR UPDATE"
-
-    def __init__(self, conn: Conn, clock: Callable[[], float] | None, channel: str) -> None:
-        self._conn = conn
-        self._clock = clock
-        self._channel = channel
-        self._now: float | None = None
-
-    def now(self) -> float:
-        if self._now is None:
-            if self._clock is not None:
-                self._now = self._clock()
-            else:
-                row = self._conn.execute("SELECT extract(epoch FROM clock_timestamp())").fetchone()
-                assert row is not None
-                self._now = float(row[0])
-        return self._now
-
-    def rows(self, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        cursor = self._conn.execute(_pg(query), params or None)
-        return cursor.fetchall() if cursor.description is not None else []
-
-    def run(self, query: str, params: Sequence[Any] = ()) -> int:
-        return self._conn.execute(_pg(query), params or None).rowcount
-
-    def run_many(self, query: str, params: Sequence[Sequence[Any]]) -> None:
-        with self._conn.cursor() as cursor:
-            cursor.executemany(_pg(query), params)
-
-    def notify(self, invocation_id: str) -> None:
-        self._conn.execute("SELECT pg_notify(%s, %s)", (self._channel, invocation_id))
 
 
 class PostgresStore:
@@ -148,10 +115,7 @@ class PostgresStore:
             extra["connect_timeout"] = max(2, round(connect_timeout))
         self._conninfo = make_conninfo(url, **extra)
         self.schema = schema
-        channel = f"{_CHANNEL}:{schema}" if schema else _CHANNEL
-        if len(channel.encode()) > 63:  # NAMEDATALEN
-            channel = f"{_CHANNEL}:{hashlib.sha256(channel.encode()).hexdigest()[:40]}"
-        self._channel = channel
+        self._channels = (channel_name(CHANNEL, schema), channel_name(EVENTS_CHANNEL, schema))
         self._clock = clock
         self._connect_timeout = connect_timeout
         self._max_connections = max_connections
@@ -159,9 +123,12 @@ class PostgresStore:
         self._open_lock = trio.Lock()
         self._pool: psycopg_pool.ConnectionPool[Conn] | None = None
         self._closed = False
-        self._listen_lock = trio.Lock()
-        self._listener: tuple[Conn, int] | None = None  # (connection, its socket)
-        self._notified = 0  # how many times a listener saw notifications
+        self._listener = Listener(
+            self._connect_listener,
+            self._close_listener,
+            requests_channel=self._channels[0],
+            events_channel=self._channels[1],
+        )
 
     def __repr__(self) -> str:
         return f"PostgresStore(<{self._where}>, schema={self.schema!r})"
@@ -206,7 +173,7 @@ class PostgresStore:
                 conn.execute(
                     sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema))
                 )
-            _sql.migrate(_Tx(conn, self._clock, self._channel))
+            _sql.migrate(Tx(conn, self._clock, self._channels))
 
     def _make_pool(self) -> psycopg_pool.ConnectionPool[Conn]:
         pool: psycopg_pool.ConnectionPool[Conn] = psycopg_pool.ConnectionPool(
@@ -279,7 +246,7 @@ class PostgresStore:
                 if abort.is_set():
                     raise Aborted("cancelled before the query began")
                 with held[0].transaction():
-                    return fn(_Tx(held[0], self._clock, self._channel))
+                    return fn(Tx(held[0], self._clock, self._channels))
 
             def interrupt() -> None:
                 self._cancel_query(held[0] if held else None)
@@ -310,7 +277,7 @@ class PostgresStore:
         """Close the listener and the pool (its threads too).  Idempotent."""
         with trio.CancelScope(shield=True):
             self._closed = True
-            await self._drop_listener()
+            await self._listener.aclose()
             async with self._open_lock:
                 pool, self._pool = self._pool, None
             if pool is not None:
@@ -318,94 +285,138 @@ class PostgresStore:
 
     # ---- cancel requests across processes ---------------------------------------------------
 
-    async def _listen(self) -> tuple[Conn, int]:
-        """The listening connection and its socket, connected and ``LISTEN``ing."""
-        if self._listener is None:
-            if self._closed:
-                raise UsageError(f"{self!r} is closed")
-            conn = await trio.to_thread.run_sync(self._connect)
-            listen = sql.SQL("LISTEN {}").format(sql.Identifier(self._channel))
-            try:
-                await self._call(lambda _: conn.execute(listen), partial(self._cancel_query, conn))
-            except BaseException:
-                with trio.CancelScope(shield=True):
-                    await trio.to_thread.run_sync(conn.close)
-                raise
-            self._listener = (conn, conn.fileno())
-        return self._listener
+    async def _connect_listener(self) -> Conn:
+        """A connection of its own, ``LISTEN``ing on both channels."""
+        conn = await trio.to_thread.run_sync(self._connect)
 
-    async def _drop_listener(self) -> None:
-        listener, self._listener = self._listener, None
-        if listener is not None:
-            conn, fd = listener
-            trio.lowlevel.notify_closing(fd)  # wakes a waiter with ClosedResourceError
-            with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(conn.close)
+        def listen(_: threading.Event) -> None:
+            for channel in self._channels:
+                conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+
+        try:
+            await self._call(listen, partial(self._cancel_query, conn))
+        except BaseException:
+            await self._close_listener(conn)
+            raise
+        return conn
+
+    async def _close_listener(self, conn: Conn) -> None:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(conn.close)
 
     # See Store.wait_for_requests: `timeout` is a poll interval, not a deadline.
     async def wait_for_requests(self, *, timeout: float) -> None:  # noqa: ASYNC109
         """Wait for a ``NOTIFY`` from :meth:`request_cancel` or :meth:`record_decision` (any
         process), or ``timeout``.
 
-        The first call starts listening (on a connection of its own, even with ``timeout=0``);
-        requests made before that are not seen here - poll :meth:`cancel_requests` first.
-        Waits on the listening connection's socket in trio (no thread): a cancel ends it at
-        once.  Notifications that arrive between waits queue on the connection, so a request
-        made since the last wait wakes the next one at once.  A lost listening connection
-        counts as a wakeup (we may have missed a notification); the next wait reconnects and
-        raises :class:`~trio_agents.StoreUnavailableError` if it cannot.
+        The first call starts listening (on a connection of its own, shared with
+        :meth:`wait_for_events`, even with ``timeout=0``); requests made before that are not
+        seen here - poll :meth:`cancel_requests` first.  Waits on the listening connection's
+        socket in trio (no thread): a cancel ends it at once.  Notifications that arrive
+        between waits are counted (or queue on the connection), so a request made since the
+        last wait returned wakes the next one at once.  A lost listening connection counts as
+        a wakeup (we may have missed a notification); the next wait reconnects and raises
+        :class:`~trio_agents.StoreUnavailableError` if it cannot.
         """
-        seen = self._notified
-        if self._listener is None:  # outside the timeout: even a 0 s wait starts listening
-            async with self._listen_lock:
-                await self._listen()
-        with trio.move_on_after(timeout):
-            async with self._listen_lock:
-                if self._notified != seen:  # another waiter was woken meanwhile
-                    return
-                conn, fd = await self._listen()
-                while True:
-                    try:
-                        # Non-blocking: the backlog, then whatever the socket holds.
-                        woken = bool(list(conn.notifies(timeout=0)))
-                    except psycopg.Error:
-                        await self._drop_listener()
-                        return
-                    if woken:
-                        self._notified += 1
-                        return
-                    try:
-                        await trio.lowlevel.wait_readable(fd)
-                    except trio.ClosedResourceError:  # aclose() closed the listener
-                        return
+        await self._listener.wait_requests(timeout)
+
+    # See Store.wait_for_events: `timeout` is a poll interval, not a deadline.
+    async def wait_for_events(
+        self,
+        invocation_id: str,
+        *,
+        after: EventId,
+        timeout: float,  # noqa: ASYNC109
+    ) -> None:
+        """Listen (from the first call on), then check the head; wait for a ``NOTIFY`` of
+        this invocation from a commit (any process), or ``timeout``.
+
+        Many tasks may wait at once, on one connection and no thread (see
+        :mod:`._pg_listen`).  A commit after the head check is never missed; a lost listening
+        connection counts as a wakeup.  A cancel ends the wait at once.
+        """
+        await self._listener.start()
+        with self._listener.watching(invocation_id) as watch:
+            mark, broken = watch.count, self._listener.broken
+            head = await self._run(partial(_sql_journal.head, invocation_id=invocation_id))
+            if head > after:
+                return
+            with trio.move_on_after(timeout):
+                await self._listener.wait_events(watch, mark, broken)
 
     # ---- the Store protocol -----------------------------------------------------------------
 
-    async def create_invocation(self, record: InvocationRecord, *, ttl: float) -> Lease:
-        return await self._run(partial(_sql.create_invocation, record=record, ttl=ttl))
+    async def create_invocation(
+        self,
+        record: InvocationRecord,
+        *,
+        ttl: float,
+        events: Sequence[Event] = (),
+        session_entry: SessionEntry | None = None,
+        exclusive_session: bool = True,
+    ) -> Lease:
+        return await self._run(
+            partial(
+                _sql_journal.create_invocation,
+                record=record,
+                ttl=ttl,
+                events=list(events),
+                session_entry=session_entry,
+                exclusive_session=exclusive_session,
+            )
+        )
 
     async def get_invocation(self, invocation_id: str) -> InvocationRecord:
         return await self._run(partial(_sql.get_invocation, invocation_id=invocation_id))
 
     async def list_invocations(
-        self, *, status: InvocationStatus | None = None, limit: int = 100
+        self,
+        *,
+        status: InvocationStatus | None = None,
+        session_id: str | None = None,
+        limit: int = 100,
     ) -> list[InvocationRecord]:
-        return await self._run(partial(_sql.list_invocations, status=status, limit=limit))
-
-    async def acquire_lease(self, invocation_id: str, *, owner: str, ttl: float) -> Lease:
         return await self._run(
-            partial(_sql.acquire_lease, invocation_id=invocation_id, owner=owner, ttl=ttl)
+            partial(_sql.list_invocations, status=status, session_id=session_id, limit=limit)
+        )
+
+    async def acquire_lease(
+        self, invocation_id: str, *, owner: str, ttl: float, exclusive_session: bool = True
+    ) -> Lease:
+        return await self._run(
+            partial(
+                _sql.acquire_lease,
+                invocation_id=invocation_id,
+                owner=owner,
+                ttl=ttl,
+                exclusive_session=exclusive_session,
+            )
         )
 
     async def renew_lease(self, lease: Lease, *, ttl: float) -> Lease:
         return await self._run(partial(_sql.renew_lease, lease=lease, ttl=ttl))
 
+    async def renew_leases(
+        self, leases: Sequence[Lease], *, ttl: float
+    ) -> list[Lease | LeaseError]:
+        return await self._run(partial(_sql.renew_leases, leases=list(leases), ttl=ttl))
+
+    async def commit(self, writes: Sequence[JournalWrite]) -> list[CommitResult]:
+        return await self._run(partial(_sql_journal.commit, writes=list(writes)))
+
     async def append_events(self, lease: Lease, events: Sequence[Event]) -> None:
-        await self._run(partial(_sql.append_events, lease=lease, events=list(events)))
+        await self._run(partial(_sql_journal.append_events, lease=lease, events=list(events)))
 
     async def load_events(self, invocation_id: str, *, after_seq: int = 0) -> list[Event]:
         return await self._run(
-            partial(_sql.load_events, invocation_id=invocation_id, after_seq=after_seq)
+            partial(_sql_journal.load_events, invocation_id=invocation_id, after_seq=after_seq)
+        )
+
+    async def read_events(
+        self, invocation_id: str, *, after: EventId = (0, 0), limit: int | None = None
+    ) -> list[Event]:
+        return await self._run(
+            partial(_sql_journal.read_events, invocation_id=invocation_id, after=after, limit=limit)
         )
 
     async def request_cancel(self, request: CancelRequest) -> bool:
@@ -420,6 +431,9 @@ class PostgresStore:
     async def decisions(self, invocation_id: str) -> list[ApprovalDecision]:
         return await self._run(partial(_sql.decisions, invocation_id=invocation_id))
 
+    async def decisions_for(self, invocation_ids: Sequence[str]) -> list[ApprovalDecision]:
+        return await self._run(partial(_sql.decisions_for, invocation_ids=list(invocation_ids)))
+
     async def create_session(
         self,
         session_id: str,
@@ -428,13 +442,28 @@ class PostgresStore:
         state: Mapping[str, JSON] | None = None,
     ) -> Session:
         return await self._run(
-            partial(_sql.create_session, session_id=session_id, user_id=user_id, state=state)
+            partial(
+                _sql_sessions.create_session, session_id=session_id, user_id=user_id, state=state
+            )
         )
 
-    async def get_session(self, session_id: str) -> Session:
-        return await self._run(partial(_sql.get_session, session_id=session_id))
-
-    async def append_session_entry(self, session_id: str, entry: SessionEntry) -> Session:
+    async def get_session(
+        self, session_id: str, *, after_seq: int = 0, limit: int | None = None
+    ) -> Session:
         return await self._run(
-            partial(_sql.append_session_entry, session_id=session_id, entry=entry)
+            partial(
+                _sql_sessions.get_session, session_id=session_id, after_seq=after_seq, limit=limit
+            )
+        )
+
+    async def append_session_entry(
+        self, session_id: str, entry: SessionEntry, *, expect_last_seq: int | None = None
+    ) -> Session:
+        return await self._run(
+            partial(
+                _sql_sessions.append_session_entry,
+                session_id=session_id,
+                entry=entry,
+                expect_last_seq=expect_last_seq,
+            )
         )

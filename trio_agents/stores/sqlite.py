@@ -46,15 +46,23 @@ from typing import Any, Final, TypeVar
 
 import trio
 
-from .._exceptions import CorruptRecordError, StoreError, StoreUnavailableError, UsageError
-from ..events import Event
-from . import _sql
+from .._exceptions import (
+    CorruptRecordError,
+    LeaseError,
+    StoreError,
+    StoreUnavailableError,
+    UsageError,
+)
+from ..events import Event, EventId
+from . import _sql, _sql_journal, _sql_sessions
 from ._base import (
     JSON,
     ApprovalDecision,
     CancelRequest,
+    CommitResult,
     InvocationRecord,
     InvocationStatus,
+    JournalWrite,
     Lease,
     Session,
     SessionEntry,
@@ -93,6 +101,9 @@ class _Tx:
 
     def notify(self, invocation_id: str) -> None:
         pass  # waiters poll: see SQLiteStore.wait_for_requests
+
+    def notify_events(self, invocation_id: str) -> None:
+        pass  # waiters poll: see SQLiteStore.wait_for_events
 
 
 def _code(exc: sqlite3.Error) -> int:
@@ -266,8 +277,26 @@ class SQLiteStore:
 
     # ---- the Store protocol -----------------------------------------------------------------
 
-    async def create_invocation(self, record: InvocationRecord, *, ttl: float) -> Lease:
-        return await self._run(partial(_sql.create_invocation, record=record, ttl=ttl), write=True)
+    async def create_invocation(
+        self,
+        record: InvocationRecord,
+        *,
+        ttl: float,
+        events: Sequence[Event] = (),
+        session_entry: SessionEntry | None = None,
+        exclusive_session: bool = True,
+    ) -> Lease:
+        return await self._run(
+            partial(
+                _sql_journal.create_invocation,
+                record=record,
+                ttl=ttl,
+                events=list(events),
+                session_entry=session_entry,
+                exclusive_session=exclusive_session,
+            ),
+            write=True,
+        )
 
     async def get_invocation(self, invocation_id: str) -> InvocationRecord:
         return await self._run(
@@ -275,29 +304,76 @@ class SQLiteStore:
         )
 
     async def list_invocations(
-        self, *, status: InvocationStatus | None = None, limit: int = 100
+        self,
+        *,
+        status: InvocationStatus | None = None,
+        session_id: str | None = None,
+        limit: int = 100,
     ) -> list[InvocationRecord]:
         return await self._run(
-            partial(_sql.list_invocations, status=status, limit=limit), write=False
+            partial(_sql.list_invocations, status=status, session_id=session_id, limit=limit),
+            write=False,
         )
 
-    async def acquire_lease(self, invocation_id: str, *, owner: str, ttl: float) -> Lease:
+    async def acquire_lease(
+        self, invocation_id: str, *, owner: str, ttl: float, exclusive_session: bool = True
+    ) -> Lease:
         return await self._run(
-            partial(_sql.acquire_lease, invocation_id=invocation_id, owner=owner, ttl=ttl),
+            partial(
+                _sql.acquire_lease,
+                invocation_id=invocation_id,
+                owner=owner,
+                ttl=ttl,
+                exclusive_session=exclusive_session,
+            ),
             write=True,
         )
 
     async def renew_lease(self, lease: Lease, *, ttl: float) -> Lease:
         return await self._run(partial(_sql.renew_lease, lease=lease, ttl=ttl), write=True)
 
+    async def renew_leases(
+        self, leases: Sequence[Lease], *, ttl: float
+    ) -> list[Lease | LeaseError]:
+        return await self._run(partial(_sql.renew_leases, leases=list(leases), ttl=ttl), write=True)
+
+    async def commit(self, writes: Sequence[JournalWrite]) -> list[CommitResult]:
+        return await self._run(partial(_sql_journal.commit, writes=list(writes)), write=True)
+
     async def append_events(self, lease: Lease, events: Sequence[Event]) -> None:
-        await self._run(partial(_sql.append_events, lease=lease, events=list(events)), write=True)
+        await self._run(
+            partial(_sql_journal.append_events, lease=lease, events=list(events)), write=True
+        )
 
     async def load_events(self, invocation_id: str, *, after_seq: int = 0) -> list[Event]:
         return await self._run(
-            partial(_sql.load_events, invocation_id=invocation_id, after_seq=after_seq),
+            partial(_sql_journal.load_events, invocation_id=invocation_id, after_seq=after_seq),
             write=False,
         )
+
+    async def read_events(
+        self, invocation_id: str, *, after: EventId = (0, 0), limit: int | None = None
+    ) -> list[Event]:
+        return await self._run(
+            partial(
+                _sql_journal.read_events, invocation_id=invocation_id, after=after, limit=limit
+            ),
+            write=False,
+        )
+
+    # See Store.wait_for_events: `timeout` is a poll interval, not a deadline.
+    async def wait_for_events(
+        self,
+        invocation_id: str,
+        *,
+        after: EventId,
+        timeout: float,  # noqa: ASYNC109
+    ) -> None:
+        """Return at once if an event after ``after`` is stored, else sleep ``timeout``
+        seconds: SQLite cannot wake us, so the caller polls."""
+        head = await self._run(partial(_sql_journal.head, invocation_id=invocation_id), write=False)
+        if head <= after:
+            await trio.sleep(timeout)
 
     async def request_cancel(self, request: CancelRequest) -> bool:
         return await self._run(partial(_sql.request_cancel, request=request), write=True)
@@ -313,6 +389,11 @@ class SQLiteStore:
     async def decisions(self, invocation_id: str) -> list[ApprovalDecision]:
         return await self._run(partial(_sql.decisions, invocation_id=invocation_id), write=False)
 
+    async def decisions_for(self, invocation_ids: Sequence[str]) -> list[ApprovalDecision]:
+        return await self._run(
+            partial(_sql.decisions_for, invocation_ids=list(invocation_ids)), write=False
+        )
+
     # See Store.wait_for_requests: `timeout` is a poll interval, not a deadline.
     async def wait_for_requests(self, *, timeout: float) -> None:  # noqa: ASYNC109
         """Sleep ``timeout`` seconds: SQLite cannot wake us, so the caller polls."""
@@ -326,14 +407,31 @@ class SQLiteStore:
         state: Mapping[str, JSON] | None = None,
     ) -> Session:
         return await self._run(
-            partial(_sql.create_session, session_id=session_id, user_id=user_id, state=state),
+            partial(
+                _sql_sessions.create_session, session_id=session_id, user_id=user_id, state=state
+            ),
             write=True,
         )
 
-    async def get_session(self, session_id: str) -> Session:
-        return await self._run(partial(_sql.get_session, session_id=session_id), write=False)
-
-    async def append_session_entry(self, session_id: str, entry: SessionEntry) -> Session:
+    async def get_session(
+        self, session_id: str, *, after_seq: int = 0, limit: int | None = None
+    ) -> Session:
         return await self._run(
-            partial(_sql.append_session_entry, session_id=session_id, entry=entry), write=True
+            partial(
+                _sql_sessions.get_session, session_id=session_id, after_seq=after_seq, limit=limit
+            ),
+            write=False,
+        )
+
+    async def append_session_entry(
+        self, session_id: str, entry: SessionEntry, *, expect_last_seq: int | None = None
+    ) -> Session:
+        return await self._run(
+            partial(
+                _sql_sessions.append_session_entry,
+                session_id=session_id,
+                entry=entry,
+                expect_last_seq=expect_last_seq,
+            ),
+            write=True,
         )

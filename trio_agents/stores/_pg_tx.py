@@ -1,0 +1,75 @@
+"""PostgreSQL plumbing of :class:`~trio_agents.stores.PostgresStore`: the transaction adapter
+the SQL operations run on (``?`` placeholders become ``%s``; ``NOTIFY`` on the two channels),
+and the channel names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from functools import lru_cache
+from typing import Any, Final
+
+import psycopg
+from psycopg.rows import TupleRow
+
+__all__ = ["CHANNEL", "EVENTS_CHANNEL", "Tx", "channel_name"]
+
+Conn = psycopg.Connection[TupleRow]
+
+CHANNEL: Final = "trio_agents_cancel"
+EVENTS_CHANNEL: Final = "trio_agents_events"
+
+
+def channel_name(base: str, schema: str | None) -> str:
+    """``base``, with ``:schema`` appended (hashed if the name would pass NAMEDATALEN)."""
+    channel = f"{base}:{schema}" if schema else base
+    if len(channel.encode()) > 63:  # NAMEDATALEN
+        channel = f"{base}:{hashlib.sha256(channel.encode()).hexdigest()[:40]}"
+    return channel
+
+
+@lru_cache(maxsize=256)
+def _pg(query: str) -> str:
+    return query.replace("?", "%s")
+
+
+class Tx:
+    """One transaction on ``conn`` (see :class:`._sql.Tx`)."""
+
+    for_update = " FOR UPDATE"
+
+    def __init__(
+        self, conn: Conn, clock: Callable[[], float] | None, channels: tuple[str, str]
+    ) -> None:
+        self._conn = conn
+        self._clock = clock
+        self._channel, self._events_channel = channels
+        self._now: float | None = None
+
+    def now(self) -> float:
+        if self._now is None:
+            if self._clock is not None:
+                self._now = self._clock()
+            else:
+                row = self._conn.execute("SELECT extract(epoch FROM clock_timestamp())").fetchone()
+                assert row is not None
+                self._now = float(row[0])
+        return self._now
+
+    def rows(self, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        cursor = self._conn.execute(_pg(query), params or None)
+        return cursor.fetchall() if cursor.description is not None else []
+
+    def run(self, query: str, params: Sequence[Any] = ()) -> int:
+        return self._conn.execute(_pg(query), params or None).rowcount
+
+    def run_many(self, query: str, params: Sequence[Sequence[Any]]) -> None:
+        with self._conn.cursor() as cursor:
+            cursor.executemany(_pg(query), params)
+
+    def notify(self, invocation_id: str) -> None:
+        self._conn.execute("SELECT pg_notify(%s, %s)", (self._channel, invocation_id))
+
+    def notify_events(self, invocation_id: str) -> None:
+        self._conn.execute("SELECT pg_notify(%s, %s)", (self._events_channel, invocation_id))

@@ -1,0 +1,212 @@
+"""The journal operations of the SQL stores: a durable start, group commit, and the reads.
+
+See :mod:`._sql` for how operations run.  :func:`commit` writes many invocations' events in
+one transaction: it first locks every invocation row it will write (sorted by id), then the
+existing session rows it will append to (sorted by id) - the one lock order of the stores, so
+concurrent commits cannot deadlock - and applies each write inside a ``SAVEPOINT``, rolled
+back if the write is rejected, so a rejected write changes nothing and the others commit.
+
+Ephemeral events of one write are one ``event_batches`` row (see :mod:`._records` for its
+stored form); :func:`read_events` merges batches and journal rows in id order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .._exceptions import InvocationNotFound, StoreError, UsageError
+from ..events import Event, EventId, encode
+from ._base import CommitResult, InvocationRecord, JournalWrite, Lease, SessionEntry
+from ._records import check_write, decode_batch, decode_event_row, encode_batch
+from ._sql import Tx, chunks, fenced
+from ._sql_sessions import append_entry, claim_session, ensure_session
+
+__all__ = [
+    "append_events",
+    "commit",
+    "create_invocation",
+    "head",
+    "load_events",
+    "read_events",
+]
+
+_INSERT: str = (
+    "INSERT INTO invocations (id, agent, input, user_id, session_id, status, created_at,"
+    " updated_at, owner, lease_epoch, lease_expires_at, last_seq, last_sub)"
+    " VALUES (?, ?, ?, ?, ?, 'running', ?, ?, ?, 1, ?, 0, 0) ON CONFLICT (id) DO NOTHING"
+)
+
+
+def create_invocation(
+    tx: Tx,
+    record: InvocationRecord,
+    ttl: float,
+    events: Sequence[Event] = (),
+    session_entry: SessionEntry | None = None,
+    exclusive_session: bool = True,
+) -> Lease:
+    if not record.owner:
+        raise UsageError("a new invocation record needs an owner")
+    if session_entry is not None and record.session_id is None:
+        raise UsageError(f"invocation {record.id!r} has a session entry but no session_id")
+    now = tx.now()
+    if record.session_id is not None:
+        claim_session(
+            tx,
+            record.session_id,
+            record.user_id,
+            invocation_id=record.id,
+            exclusive=exclusive_session,
+        )
+    inserted = tx.run(
+        _INSERT,
+        (
+            record.id,
+            record.agent,
+            record.input,
+            record.user_id,
+            record.session_id,
+            now,
+            now,
+            record.owner,
+            now + ttl,
+        ),
+    )
+    if inserted == 0:
+        raise UsageError(f"an invocation with id {record.id!r} exists already")
+    lease = Lease(invocation_id=record.id, owner=record.owner, epoch=1, expires_at=now + ttl)
+    if events or session_entry is not None:
+        _apply(tx, JournalWrite(lease=lease, events=tuple(events), session_entry=session_entry))
+    return lease
+
+
+def _apply(tx: Tx, write: JournalWrite) -> None:
+    invocation_id = write.lease.invocation_id
+    record = fenced(tx, write.lease)
+    (last_seq, last_sub), status, owner = check_write(record, write)
+    if write.session_entry is not None and record.session_id is None:
+        raise UsageError(
+            f"invocation {invocation_id!r} has no session_id; its session entry has nowhere "
+            "to go and nothing was written"
+        )
+    if write.deltas:
+        first, last = write.deltas[0], write.deltas[-1]
+        tx.run(
+            "INSERT INTO event_batches (invocation_id, first_seq, first_sub, last_seq, last_sub,"
+            " data) VALUES (?, ?, ?, ?, ?, ?)",
+            (invocation_id, first.seq, first.sub, last.seq, last.sub, encode_batch(write.deltas)),
+        )
+    if write.events:
+        tx.run_many(
+            "INSERT INTO events (invocation_id, seq, kind, data) VALUES (?, ?, ?, ?)",
+            [(invocation_id, e.seq, e.kind, encode(e)) for e in write.events],
+        )
+    tx.run(
+        "UPDATE invocations SET last_seq = ?, last_sub = ?, status = ?, owner = ?,"
+        " updated_at = ? WHERE id = ?",
+        (last_seq, last_sub, status, owner, tx.now(), invocation_id),
+    )
+    if status != "running":
+        tx.run("DELETE FROM cancel_requests WHERE invocation_id = ?", (invocation_id,))
+    if write.session_entry is not None and record.session_id is not None:
+        ensure_session(tx, record.session_id, record.user_id)
+        append_entry(tx, record.session_id, write.session_entry, invocation_id=invocation_id)
+    if write.deltas or write.events:
+        tx.notify_events(invocation_id)
+
+
+def _lock_in_order(tx: Tx, writes: Sequence[JournalWrite]) -> None:
+    ids = sorted({w.lease.invocation_id for w in writes})
+    sessions: set[str] = set()
+    with_entries = {w.lease.invocation_id for w in writes if w.session_entry is not None}
+    for chunk, marks in chunks(ids):
+        for invocation_id, session_id in tx.rows(
+            f"SELECT id, session_id FROM invocations WHERE id IN ({marks})"
+            f" ORDER BY id{tx.for_update}",
+            chunk,
+        ):
+            if session_id is not None and invocation_id in with_entries:
+                sessions.add(session_id)
+    for chunk, marks in chunks(sorted(sessions)):
+        tx.rows(f"SELECT 1 FROM sessions WHERE id IN ({marks}) ORDER BY id{tx.for_update}", chunk)
+
+
+def commit(tx: Tx, writes: Sequence[JournalWrite]) -> list[CommitResult]:
+    if tx.for_update:  # row locks: take them all first, in the one order (see the docstring)
+        _lock_in_order(tx, writes)
+    results: list[CommitResult] = []
+    for write in writes:
+        tx.run("SAVEPOINT journal_write")
+        try:
+            _apply(tx, write)
+        except (StoreError, UsageError) as exc:
+            tx.run("ROLLBACK TO SAVEPOINT journal_write")
+            results.append(exc)
+        else:
+            results.append(None)
+        tx.run("RELEASE SAVEPOINT journal_write")
+    return results
+
+
+def append_events(tx: Tx, lease: Lease, events: Sequence[Event]) -> None:
+    _apply(tx, JournalWrite(lease=lease, events=tuple(events)))
+
+
+def _exists(tx: Tx, invocation_id: str) -> None:
+    if not tx.rows("SELECT 1 FROM invocations WHERE id = ?", (invocation_id,)):
+        raise InvocationNotFound(f"no invocation with id {invocation_id!r}")
+
+
+def head(tx: Tx, invocation_id: str) -> EventId:
+    rows = tx.rows("SELECT last_seq, last_sub FROM invocations WHERE id = ?", (invocation_id,))
+    if not rows:
+        raise InvocationNotFound(f"no invocation with id {invocation_id!r}")
+    return (int(rows[0][0]), int(rows[0][1]))
+
+
+def load_events(tx: Tx, invocation_id: str, after_seq: int) -> list[Event]:
+    _exists(tx, invocation_id)
+    rows = tx.rows(
+        "SELECT seq, data FROM events WHERE invocation_id = ? AND seq > ? ORDER BY seq",
+        (invocation_id, after_seq),
+    )
+    return [decode_event_row(data, invocation_id=invocation_id, seq=int(seq)) for seq, data in rows]
+
+
+def read_events(
+    tx: Tx, invocation_id: str, after: EventId = (0, 0), limit: int | None = None
+) -> list[Event]:
+    if limit is not None and limit < 0:
+        raise UsageError(f"limit must be >= 0, got {limit}")
+    _exists(tx, invocation_id)
+    # The first `limit` events are among the first `limit` rows of each table: a batch holds
+    # at least one event, and batches and journal rows never overlap in id.
+    cut, extra = (" LIMIT ?", [limit]) if limit is not None else ("", [])
+    seq, sub = after
+    params: list[Any] = [invocation_id, seq, *extra]
+    events = [
+        decode_event_row(data, invocation_id=invocation_id, seq=int(row_seq))
+        for row_seq, data in tx.rows(
+            f"SELECT seq, data FROM events WHERE invocation_id = ? AND seq > ? ORDER BY seq{cut}",
+            params,
+        )
+    ]
+    for first_seq, first_sub, last_seq, last_sub, data in tx.rows(
+        "SELECT first_seq, first_sub, last_seq, last_sub, data FROM event_batches"
+        " WHERE invocation_id = ? AND (last_seq > ? OR (last_seq = ? AND last_sub > ?))"
+        f" ORDER BY first_seq, first_sub{cut}",
+        [invocation_id, seq, seq, sub, *extra],
+    ):
+        events.extend(
+            e
+            for e in decode_batch(
+                data,
+                invocation_id=invocation_id,
+                first=(int(first_seq), int(first_sub)),
+                last=(int(last_seq), int(last_sub)),
+            )
+            if (e.seq, e.sub) > after
+        )
+    events.sort(key=lambda e: (e.seq, e.sub))
+    return events if limit is None else events[:limit]
