@@ -162,7 +162,7 @@ async def bare_once(client: httpx2.AsyncClient, base_url: str) -> tuple[str, flo
 async def runtime_once(runner: ta.Runner, agent: ta.Agent) -> tuple[str, float]:
     """Cancel an invocation after its 5th text delta, as a UI's stop button would."""
     tag = new_tag("ours")
-    inv = runner.start(agent, tag)
+    inv = await runner.start(agent, tag)
     deltas = 0
     async for event in inv.events():
         if event.kind == "text_delta":
@@ -224,7 +224,7 @@ async def drain_ours(
     """Start ``n`` flowing invocations, cancel them at once; return the ms until the last
     disconnect, and the client CPU ms until every invocation had ended."""
     tags = [new_tag("drain ours") for _ in range(n)]
-    invocations = [runner.start(agent, tag) for tag in tags]
+    invocations = [await runner.start(agent, tag) for tag in tags]
     await records.wait_flowing(tags)
     cancelled_at, cpu = time.monotonic(), time.process_time()
     for inv in invocations:
@@ -269,7 +269,7 @@ async def main(base_url: str, rounds: int, flows: int, drains: int) -> dict[str,
         async with trio.open_nursery() as background:
             for tag in tags[: flows // 2]:
                 background.start_soon(partial(bare_stream, flow_client, base_url, FLOW, prompt=tag))
-            invocations = [runner.start(flow_agent, tag) for tag in tags[flows // 2 :]]
+            invocations = [await runner.start(flow_agent, tag) for tag in tags[flows // 2 :]]
             await records.wait_flowing(tags)
             results["loaded"] = await alternate(records, rounds, bare, ours)
             ended_at = time.monotonic()

@@ -102,7 +102,7 @@ async def resume_latency(store: Store, turns: int) -> float:
     """Build a `turns`-turn journal, cancel before the last turn, time the resume."""
     agent = tool_agent(turns, 0)
     async with ta.Runner(store=store) as runner:
-        inv = runner.start(agent, "go")
+        inv = await runner.start(agent, "go")
         async for event in inv.events():
             if event.kind == "turn_finished" and event.turn == turns - 1:
                 inv.cancel("after_tools")

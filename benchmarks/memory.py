@@ -66,7 +66,7 @@ async def ours(base_url: str, n: int) -> tuple[int, int]:
         agent = ta.Agent(name="parked", model=model)
         await runner.run(ta.Agent(name="warm", model=warm), "hi")
         before = snapshot()
-        invocations = [runner.start(agent, "hi") for _ in range(n)]
+        invocations = [await runner.start(agent, "hi") for _ in range(n)]
         for inv in invocations:  # wait for each one's first token, without extra tasks
             async for event in inv.events():
                 if event.kind == "text_delta":

@@ -29,7 +29,7 @@ async def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         store = f"sqlite:///{Path(tmp) / 'agents.db'}"
         async with ta.Runner(store=store) as runner:
-            inv = runner.start(make_agent(), "What is structured concurrency?")
+            inv = await runner.start(make_agent(), "What is structured concurrency?")
             async for event in inv.events():
                 if event.kind == "text_delta":
                     print(event.text, end="", flush=True)

@@ -2,6 +2,9 @@
 
 ``python -m tests.crash_child STORE_URL INVOCATION_ID KILL_POINT EFFECTS_FILE``
 
+It writes the id of every event its reader saw to ``seen.txt`` beside ``EFFECTS_FILE``, so the
+parent can check that the resumed run numbers nothing the dead process had shown.
+
 ``KILL_POINT`` is ``<event kind>#<n>`` (die right after the n-th such event became durable),
 ``in_tool`` (die inside the non-idempotent tool, after its side effect), ``stream`` (die after
 the second text delta of the final answer) or ``never``.  The agent's tools append a line to
@@ -15,6 +18,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import trio
 import trio.lowlevel
@@ -23,7 +27,7 @@ from trio_agents import Agent, Runner, tool
 from trio_agents.events import Event
 from trio_agents.messages import ModelRequest, ToolCall, ToolResultMessage
 from trio_agents.models import ScriptedModel, ScriptedTurn
-from trio_agents.stores import Lease, Store, open_store
+from trio_agents.stores import InvocationRecord, JournalWrite, Lease, Store, open_store
 
 FINAL_ANSWER = "Order placed: 2 widgets."
 
@@ -69,7 +73,7 @@ def make_agent(effects: Path, *, kill_in_tool: bool = False) -> Agent:
 
 
 class KillingStore:
-    """Delegates to a store; dies right after the chosen event was durably appended."""
+    """Delegates to a store; dies right after the chosen event was durably stored."""
 
     def __init__(self, inner: Store, kind: str, nth: int) -> None:
         self._inner = inner
@@ -79,25 +83,41 @@ class KillingStore:
     def __getattr__(self, name: str) -> object:
         return getattr(self._inner, name)
 
-    async def append_events(self, lease: Lease, events: Sequence[Event]) -> None:
-        await self._inner.append_events(lease, events)
+    def _stored(self, events: Sequence[Event]) -> None:
         for event in events:
             if event.kind == self._kind:
                 self._left -= 1
                 if self._left == 0:
                     die()
 
+    async def create_invocation(
+        self, record: InvocationRecord, *, ttl: float, events: Sequence[Event] = (), **kw: Any
+    ) -> Lease:
+        lease = await self._inner.create_invocation(record, ttl=ttl, events=events, **kw)
+        self._stored(events)
+        return lease
+
+    async def commit(self, writes: Sequence[JournalWrite]) -> list[Any]:
+        results = await self._inner.commit(writes)
+        for write, error in zip(writes, results, strict=True):
+            if error is None:
+                self._stored(write.events)
+        return results
+
 
 async def main(url: str, invocation_id: str, kill_point: str, effects: Path) -> None:
+    seen = effects.with_name("seen.txt")
     async with open_store(url) as store:
         if "#" in kill_point:
             kind, nth = kill_point.split("#")
             store = KillingStore(store, kind, int(nth))  # type: ignore[assignment]
         agent = make_agent(effects, kill_in_tool=kill_point == "in_tool")
         async with Runner(store=store, lease_ttl=30) as runner:
-            inv = runner.start(agent, "buy 2 widgets", invocation_id=invocation_id)
+            inv = await runner.start(agent, "buy 2 widgets", invocation_id=invocation_id)
             deltas = 0
             async for event in inv.events():
+                with seen.open("a") as f:  # every id this process showed a client
+                    f.write(f"{event.seq}.{event.sub}\n")
                 if event.kind == "text_delta" and kill_point == "stream":
                     deltas += 1
                     if deltas == 2:

@@ -90,7 +90,7 @@ async def test_approved_call_runs_after_the_decision(autojump_clock: trio.abc.Cl
     probe = Deployer()
     model = ScriptedModel([calls(DEPLOY_API), "api is live"])
     async with Runner() as runner:
-        inv = runner.start(Agent(name="ops", model=model, tools=probe.tools()), "ship it")
+        inv = await runner.start(Agent(name="ops", model=model, tools=probe.tools()), "ship it")
         [asked] = await approval_requests(inv)
         await trio.sleep(3600)  # an hour later, still waiting, still nothing run
         assert probe.deployed == []
@@ -118,7 +118,7 @@ async def test_denied_call_does_not_run_and_the_model_is_told(
     probe = Deployer()
     model = ScriptedModel([calls(DEPLOY_API), "understood, not deploying"])
     async with Runner() as runner:
-        inv = runner.start(Agent(name="ops", model=model, tools=probe.tools()), "ship it")
+        inv = await runner.start(Agent(name="ops", model=model, tools=probe.tools()), "ship it")
         [asked] = await approval_requests(inv)
         assert await runner.decide(inv.id, asked.approval_id, approved=False, reason="freeze")
         outcome = await inv.wait()
@@ -138,7 +138,7 @@ async def test_parallel_calls_wait_for_every_approval(autojump_clock: trio.abc.C
     turn = calls(DEPLOY_API, ("deploy", '{"service": "web"}'), ("search", '{"query": "logs"}'))
     model = ScriptedModel([turn, "done"])
     async with Runner() as runner:
-        inv = runner.start(Agent(name="ops", model=model, tools=probe.tools()), "go")
+        inv = await runner.start(Agent(name="ops", model=model, tools=probe.tools()), "go")
         first, second = await approval_requests(inv, 2)
         assert await runner.decide(inv.id, second.approval_id, approved=False)
         await trio.sleep(60)
@@ -163,7 +163,7 @@ async def test_cancel_ends_a_parked_approval(
     probe = Deployer()
     model = ScriptedModel([calls(DEPLOY_API), "never"])
     async with Runner() as runner:
-        inv = runner.start(Agent(name="ops", model=model, tools=probe.tools()), "go")
+        inv = await runner.start(Agent(name="ops", model=model, tools=probe.tools()), "go")
         [asked] = await approval_requests(inv)
         assert inv.cancel(mode, reason="user pressed stop")
         with trio.fail_after(5):
@@ -188,7 +188,7 @@ async def test_decide_rejects_what_it_cannot_apply(autojump_clock: trio.abc.Cloc
     probe = Deployer()
     model = ScriptedModel([calls(DEPLOY_API), "done"])
     async with Runner() as runner:
-        inv = runner.start(Agent(name="ops", model=model, tools=probe.tools()), "go")
+        inv = await runner.start(Agent(name="ops", model=model, tools=probe.tools()), "go")
         [asked] = await approval_requests(inv)
         with pytest.raises(ta.InvocationNotFound, match="no-such-id"):
             await runner.decide("no-such-id", asked.approval_id, approved=True)
@@ -218,7 +218,7 @@ async def test_a_paused_invocation_names_what_it_waits_for(autojump_clock: trio.
     probe = Deployer()
     model = ScriptedModel([calls(DEPLOY_API, ("deploy", '{"service": "web"}')), "done"])
     async with Runner(approval_timeout=300) as runner:
-        inv = runner.start(Agent(name="ops", model=model, tools=probe.tools()), "go")
+        inv = await runner.start(Agent(name="ops", model=model, tools=probe.tools()), "go")
         start = trio.current_time()
         outcome = await inv.wait()
         assert trio.current_time() - start == pytest.approx(300, abs=1)
@@ -304,7 +304,7 @@ async def test_a_decision_from_another_process_wakes_the_wait(case: StoreCase) -
     agent = Agent(name="ops", model=model, tools=probe.tools())
     with trio.fail_after(20):
         async with Runner(store=case.store, cancel_poll_interval=0.05) as worker:
-            inv = worker.start(agent, "ship it")
+            inv = await worker.start(agent, "ship it")
             [asked] = await approval_requests(inv)
             async with case.twin() as other, Runner(store=other, owner="api") as api:
                 assert not api.is_active(inv.id)

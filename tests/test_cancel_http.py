@@ -43,7 +43,7 @@ async def run_and_cancel(
     server: FakeServer, agent: Agent, *, at: float, mode: CancelMode
 ) -> tuple[Invocation, Outcome, list[Any]]:
     async with Runner() as runner:
-        inv = runner.start(agent, "go")
+        inv = await runner.start(agent, "go")
         await trio.sleep(at)
         assert inv.cancel(mode, reason="stop")
         with trio.fail_after(60):
@@ -165,7 +165,7 @@ async def test_http_cancel_between_turns(
         wire.model(server) as model,
         Runner() as runner,
     ):
-        inv = runner.start(Agent(name="h", model=model, tools=[quick]), "go")
+        inv = await runner.start(Agent(name="h", model=model, tools=[quick]), "go")
         holder.append(inv)
         outcome = await inv.wait()
         events = [e async for e in inv.events()]
@@ -186,7 +186,7 @@ async def test_http_cancel_after_the_end(wire: Wire, server: FakeServer) -> None
     """A cancel after completion is refused and changes nothing."""
     server.enqueue(wire.stream("hi"))
     async with wire.model(server) as model, Runner() as runner:
-        inv = runner.start(Agent(name="h", model=model), "go")
+        inv = await runner.start(Agent(name="h", model=model), "go")
         outcome = await inv.wait()
         assert inv.cancel() is False
     assert outcome.status == "completed"
@@ -215,7 +215,7 @@ async def test_cancel_during_retry_backoff_ends_at_once(
     """A 429 with Retry-After: 30 puts the model in backoff; a cancel ends it immediately."""
     server.enqueue(wire.error(429, "slow down", retry_after=30))
     async with wire.model(server) as model, Runner() as runner:
-        inv = runner.start(Agent(name="h", model=model), "go")
+        inv = await runner.start(Agent(name="h", model=model), "go")
         await server.wait_requests(1)
         await trio.sleep(1)
         start = trio.current_time()

@@ -59,6 +59,10 @@ async def crash_then_resume(url: str, resumer: Store, tmp_path: Path, kill_point
             inv = await runner.resume("inv-1", agent=make_agent(effects))
             with trio.fail_after(30):
                 outcome = await inv.wait()
+                resumed = [(e.seq, e.sub) async for e in inv.events(after_seq=inv.recorder.origin)]
+        shown = [tuple(map(int, line.split("."))) for line in effects_of(tmp_path / "seen.txt")]
+        assert shown == sorted(set(shown))
+        assert not shown or min(resumed) > max(shown), "the resume reused an id a client saw"
         assert outcome.status == "completed", outcome
         output = outcome.output
         after = await resumer.load_events("inv-1")

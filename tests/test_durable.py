@@ -32,7 +32,7 @@ def waiting_agent() -> Agent:
 async def test_cancel_from_another_process(case: StoreCase) -> None:
     """A cancel persisted by one runner stops the invocation another runner owns."""
     async with Runner(store=case.store, owner="worker", cancel_poll_interval=0.05) as worker:
-        inv = worker.start(waiting_agent(), "go")
+        inv = await worker.start(waiting_agent(), "go")
         with trio.fail_after(10):
             while True:  # the record exists once the invocation has started
                 try:
@@ -78,7 +78,7 @@ async def test_resume_in_another_process_after_cancel(case: StoreCase) -> None:
     )
     with trio.fail_after(20):
         async with Runner(store=case.store, owner="a") as runner:
-            inv = runner.start(agent(first_model), "buy")
+            inv = await runner.start(agent(first_model), "buy")
             await charging.wait()
             inv.cancel("after_tools", reason="deploy")
             gate.set()
@@ -139,7 +139,7 @@ async def test_resume_of_a_damaged_checkpoint_is_a_clear_error(
     agent = Agent(name="a", model=model)
     with trio.fail_after(20):
         async with Runner(store=case.store) as runner:
-            damaged = runner.start(agent, "first")
+            damaged = await runner.start(agent, "first")
             await damaged.wait()
             healthy = await runner.run(agent, "second")
     bad = '{"v": 2, "kind": "ended"}' if damage == "future" else '{"v": 1, "kind": '

@@ -469,7 +469,7 @@ async def test_incomplete_turn_completes_with_what_was_produced() -> None:
         async with open_fake_openai_server() as server, model_for(server) as model:
             server.enqueue(responses_stream(["In the", " city"], incomplete="max_output_tokens"))
             async with Runner() as runner:
-                inv = runner.start(Agent(name="a", model=model), "Tell me a story")
+                inv = await runner.start(Agent(name="a", model=model), "Tell me a story")
                 outcome = await inv.wait()
                 events = [e async for e in inv.events()]
     assert (outcome.status, outcome.output) == ("completed", "In the city")

@@ -33,7 +33,7 @@ async def run_agent(
         async with wire.server() as server, wire.model(server, **model_kw) as model:
             server.enqueue(*plans)
             async with Runner() as runner:
-                inv = runner.start(Agent(name="a", model=model), "go")
+                inv = await runner.start(Agent(name="a", model=model), "go")
                 outcome = await inv.wait()
                 events = [e async for e in inv.events()]
     return outcome, server, events

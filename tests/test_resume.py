@@ -50,7 +50,7 @@ async def test_resume_after_tools_cancel_skips_finished_work(
     effects = SideEffects()
     first_model = ScriptedModel(two_turns())
     async with Runner(store=store, owner="process-a") as runner:
-        inv = runner.start(make_agent(effects, first_model), "buy it")
+        inv = await runner.start(make_agent(effects, first_model), "buy it")
         await trio.sleep(1)
         inv.cancel("after_tools", reason="deploy")
         first = await inv.wait()
@@ -84,7 +84,7 @@ async def test_resume_after_immediate_cancel_inside_tool(
     store = MemoryStore()
     effects = SideEffects()
     async with Runner(store=store) as runner:
-        inv = runner.start(
+        inv = await runner.start(
             make_agent(effects, ScriptedModel(two_turns()), idempotent=idempotent), "x"
         )
         await trio.sleep(1)
@@ -117,7 +117,7 @@ async def test_resume_by_agent_name_from_runner_registry() -> None:
     effects = SideEffects()
     agent = make_agent(effects, ScriptedModel([*two_turns(), "again"]))
     async with Runner(store=store) as runner:
-        inv = runner.start(agent, "x")
+        inv = await runner.start(agent, "x")
         await trio.testing.wait_all_tasks_blocked()
         inv.cancel("after_tools")
         await inv.wait()
@@ -133,14 +133,14 @@ async def test_resume_errors() -> None:
     async with Runner(store=store) as runner:
         with pytest.raises(ta.InvocationNotFound, match="no-such-id"):
             await runner.resume("no-such-id")
-        inv = runner.start(agent, "x")
+        inv = await runner.start(agent, "x")
         await inv.wait()
         with pytest.raises(ta.UsageError, match="completed already"):
             await runner.resume(inv.id)
 
     blocker = Agent(name="b", model=ScriptedModel([ScriptedTurn(chunks=("x",), first_delay=1e9)]))
     async with Runner(store=store, owner="a") as runner_a:
-        running = runner_a.start(blocker, "x")
+        running = await runner_a.start(blocker, "x")
         await trio.testing.wait_all_tasks_blocked()
         async with Runner(store=store, owner="b") as runner_b:
             with pytest.raises(ta.LeaseError, match="owned by 'a'"):
@@ -167,7 +167,7 @@ async def test_stale_owner_is_fenced_out() -> None:
     model = ScriptedModel([ScriptedTurn.call("wait_gate"), "never"])
     agent = Agent(name="f", model=model, tools=[wait_gate])
     async with Runner(store=store, owner="old", lease_ttl=30) as old:
-        inv = old.start(agent, "x")
+        inv = await old.start(agent, "x")
         await trio.testing.wait_all_tasks_blocked()
         now[0] += 31  # the old owner's lease expired (it "paused")
         new_lease = await store.acquire_lease(inv.id, owner="new", ttl=30)

@@ -17,7 +17,7 @@ from trio_agents.events import Event, ToolCallFinished, TurnFinished
 from trio_agents.messages import ModelRequest, ToolCall
 from trio_agents.models import ScriptedModel, ScriptedTurn
 from trio_agents.runner import CancelMode, Invocation, Outcome, Runner
-from trio_agents.stores import Lease, MemoryStore
+from trio_agents.stores import JournalWrite, MemoryStore
 from trio_agents.tools import Tool, tool
 
 from ._helpers import live_task_names, terminal_events
@@ -67,7 +67,7 @@ async def run_with_cancel(
 ) -> tuple[Invocation, Outcome, list[Event]]:
     """Start, cancel at trio time ``at`` (if given), wait; check the invariants every test needs."""
     async with Runner() as runner:
-        inv = runner.start(agent, "go")
+        inv = await runner.start(agent, "go")
         if at is not None:
             await trio.sleep(at)
             assert inv.cancel(mode, reason=reason) is True
@@ -194,7 +194,7 @@ async def test_cancel_between_turns(mode: CancelMode, autojump_clock: trio.abc.C
     model = ScriptedModel(script)
     agent = Agent(name="between", model=model, tools=[quick])
     async with Runner() as runner:
-        inv = runner.start(agent, "go")
+        inv = await runner.start(agent, "go")
         holder.append(inv)
         outcome = await inv.wait()
         events = await collect(inv)
@@ -216,7 +216,7 @@ async def test_cancel_after_the_end_is_a_noop(mode: CancelMode) -> None:
     """cancel() on an ended invocation returns False and changes nothing."""
     model = ScriptedModel(["hello"])
     async with Runner() as runner:
-        inv = runner.start(Agent(name="done", model=model), "hi")
+        inv = await runner.start(Agent(name="done", model=model), "hi")
         outcome = await inv.wait()
         assert inv.cancel(mode, reason="late") is False
         assert runner.cancel(inv.id, mode) is False
@@ -282,7 +282,7 @@ async def test_three_cancels_one_terminal_event(autojump_clock: trio.abc.Clock) 
     """Repeated cancels are idempotent: one terminal event, the first reason kept."""
     model = ScriptedModel([ScriptedTurn.text("x" * 20, pieces=20, delay=1)])
     async with Runner() as runner:
-        inv = runner.start(Agent(name="a", model=model), "go")
+        inv = await runner.start(Agent(name="a", model=model), "go")
         await trio.sleep(3.5)
         assert inv.cancel("after_turn", reason="first")
         assert inv.cancel("immediate", reason="second")
@@ -301,7 +301,7 @@ async def test_cancel_from_another_thread() -> None:
     """cancel() is safe from a thread that is not the trio thread."""
     model = ScriptedModel([ScriptedTurn(chunks=("never",), first_delay=math.inf)])
     async with Runner() as runner:
-        inv = runner.start(Agent(name="a", model=model), "go")
+        inv = await runner.start(Agent(name="a", model=model), "go")
         await trio.testing.wait_all_tasks_blocked()
         assert model.open_streams == 1
         thread_ids: list[int] = []
@@ -325,7 +325,7 @@ async def test_after_tools_lets_running_tool_finish(autojump_clock: trio.abc.Clo
     probe = ToolProbe()
     model = ScriptedModel([tool_turn("lookup"), "never requested"])
     async with Runner() as runner:
-        inv = runner.start(streaming_agent(model, probe), "go")
+        inv = await runner.start(streaming_agent(model, probe), "go")
         await trio.sleep(5)
         inv.cancel("after_tools", reason="wrap up")
         outcome = await inv.wait()
@@ -343,7 +343,7 @@ async def test_grace_escalates_to_immediate(autojump_clock: trio.abc.Clock) -> N
     probe = ToolProbe()
     model = ScriptedModel([tool_turn("lookup"), "never"])
     async with Runner() as runner:
-        inv = runner.start(streaming_agent(model, probe), "go")
+        inv = await runner.start(streaming_agent(model, probe), "go")
         await trio.sleep(1)
         start = trio.current_time()
         inv.cancel("after_turn", reason="polite", grace=2)
@@ -356,26 +356,34 @@ async def test_grace_escalates_to_immediate(autojump_clock: trio.abc.Clock) -> N
     assert elapsed == pytest.approx(2)
 
 
-async def test_cancel_racing_completion_is_reported_honestly() -> None:
-    """A cancel that arrives while the end is being written: completed, cancel_requested."""
+async def test_cancel_racing_completion_is_too_late_and_changes_nothing() -> None:
+    """A cancel that arrives while the end is being written is too late: the invocation
+    completed, and the outcome and the stored terminal event agree that no cancel counted."""
     holder: list[Invocation] = []
+    answers: list[bool] = []
 
     class RacingStore(MemoryStore):
-        async def append_events(self, lease: Lease, events: Sequence[Event]) -> None:
-            if any(e.kind == "ended" for e in events):
-                holder[0].cancel("immediate", reason="too late")
-            await super().append_events(lease, events)
+        async def commit(self, writes: Sequence[JournalWrite]) -> list[Any]:
+            if any(e.kind == "ended" for w in writes for e in w.events):
+                answers.append(holder[0].cancel("immediate", reason="too late"))
+            return await super().commit(writes)
 
     model = ScriptedModel(["all done"])
-    async with Runner(store=RacingStore()) as runner:
-        inv = runner.start(Agent(name="a", model=model), "go")
+    store = RacingStore()
+    async with Runner(store=store) as runner:
+        inv = await runner.start(Agent(name="a", model=model), "go")
         holder.append(inv)
         outcome = await inv.wait()
+    assert answers == [False]
     assert outcome.status == "completed"
     assert outcome.output == "all done"
-    assert outcome.cancel_requested is True
+    assert outcome.cancel_requested is False
     assert outcome.checkpoint_id is not None
-    assert len(terminal_events(await collect(inv))) == 1
+    events = await collect(inv)
+    assert len(terminal_events(events)) == 1
+    assert events[-1].kind == "ended"
+    assert "cancel_requested" not in [e.kind for e in events]
+    assert (await store.read_events(inv.id))[-1] == events[-1]
 
 
 async def test_runner_shutdown_ends_invocations_cancelled(autojump_clock: trio.abc.Clock) -> None:
@@ -385,7 +393,7 @@ async def test_runner_shutdown_ends_invocations_cancelled(autojump_clock: trio.a
     invs: list[Invocation] = []
     with trio.move_on_after(3.5):
         async with Runner(store=store) as runner:
-            invs = [runner.start(Agent(name="a", model=model), "go") for _ in range(3)]
+            invs = [await runner.start(Agent(name="a", model=model), "go") for _ in range(3)]
     for inv in invs:
         assert inv.outcome is not None
         assert inv.outcome.status == "cancelled"
@@ -400,7 +408,7 @@ async def test_runner_block_waits_for_invocations(autojump_clock: trio.abc.Clock
     """Leaving `async with Runner()` waits for running invocations, like a nursery."""
     model = ScriptedModel([ScriptedTurn.text("slow", pieces=4, delay=1)])
     async with Runner() as runner:
-        inv = runner.start(Agent(name="a", model=model), "go")
+        inv = await runner.start(Agent(name="a", model=model), "go")
     assert inv.outcome is not None
     assert inv.outcome.status == "completed"
     assert trio.current_time() >= 4
@@ -410,7 +418,7 @@ async def test_cancel_all(autojump_clock: trio.abc.Clock) -> None:
     """cancel_all ends every running invocation."""
     model = ScriptedModel([ScriptedTurn.text("w" * 10, pieces=10, delay=1)], repeat=True)
     async with Runner() as runner:
-        invs = [runner.start(Agent(name="a", model=model), "go") for _ in range(4)]
+        invs = [await runner.start(Agent(name="a", model=model), "go") for _ in range(4)]
         await trio.sleep(1.5)
         assert runner.cancel_all(reason="bulk") == 4
     assert [inv.outcome.status for inv in invs if inv.outcome] == ["cancelled"] * 4
@@ -420,13 +428,14 @@ async def test_cancel_all(autojump_clock: trio.abc.Clock) -> None:
 
 
 async def test_events_replay_from_start_for_late_subscriber() -> None:
-    """A subscriber that arrives after the end still sees every event, in seq order."""
+    """A subscriber that arrives after the end still sees every event, in id order: durable
+    seqs without a gap, each delta numbered under the durable event before it."""
     model = ScriptedModel([ScriptedTurn.text("hello world", pieces=3)])
     async with Runner() as runner:
-        inv = runner.start(Agent(name="a", model=model), "go")
+        inv = await runner.start(Agent(name="a", model=model), "go")
         await inv.wait()
     early = await collect(inv)
-    assert [e.seq for e in early] == list(range(1, len(early) + 1))
+    assert [(e.seq, e.sub) for e in early] == [(1, 0), (1, 1), (1, 2), (1, 3), (2, 0), (3, 0)]
     assert "".join(e.text for e in early if e.kind == "text_delta") == "hello world"
     assert await collect(inv) == early
 
@@ -437,11 +446,11 @@ async def test_slow_subscriber_does_not_slow_the_invocation(
     """A subscriber that never reads does not block the run or buffer anything per event."""
     model = ScriptedModel([ScriptedTurn.text("q" * 1000, pieces=1000)])
     async with Runner() as runner:
-        inv = runner.start(Agent(name="a", model=model), "go")
+        inv = await runner.start(Agent(name="a", model=model), "go")
         stalled = inv.events()  # never iterated
         outcome = await inv.wait()
     assert outcome.status == "completed"
-    assert stalled._index == 0  # the cursor is all a subscriber holds
+    assert stalled.cursor == (0, 0)  # the cursor is all a subscriber holds
 
 
 # ---- bad input -------------------------------------------------------------------------------
@@ -484,7 +493,7 @@ async def test_runner_cancel_unknown_id_is_false() -> None:
 async def test_unknown_cancel_mode_is_a_usage_error() -> None:
     model = ScriptedModel(["hi"])
     async with Runner() as runner:
-        inv = runner.start(Agent(name="a", model=model), "go")
+        inv = await runner.start(Agent(name="a", model=model), "go")
         with pytest.raises(ta.UsageError, match="unknown cancel mode 'soon'"):
             inv.cancel("soon")  # type: ignore[arg-type]
         with pytest.raises(ta.UsageError, match="grace"):
@@ -495,7 +504,7 @@ async def test_unknown_cancel_mode_is_a_usage_error() -> None:
 async def test_start_outside_the_runner_block() -> None:
     runner = Runner()
     with pytest.raises(ta.UsageError, match="async with Runner"):
-        runner.start(Agent(name="a", model=ScriptedModel(["x"])), "go")
+        await runner.start(Agent(name="a", model=ScriptedModel(["x"])), "go")
 
 
 async def test_max_turns_exceeded_fails_clearly() -> None:

@@ -24,7 +24,7 @@ async def test_sequential_passes_outputs_along() -> None:
     m1, m2 = ScriptedModel(["draft"]), ScriptedModel(["polished draft"])
     flow = Sequential(name="pipe", steps=[echo_agent("writer", m1), echo_agent("editor", m2)])
     async with Runner() as runner:
-        inv = runner.start(flow, "topic")
+        inv = await runner.start(flow, "topic")
         outcome = await inv.wait()
         journal = await runner.store.load_events(inv.id)
     assert outcome.status == "completed"
@@ -46,7 +46,7 @@ async def test_sequential_resume_skips_finished_steps(autojump_clock: trio.abc.C
     m2 = ScriptedModel([ScriptedTurn.text("polished", pieces=4, delay=1)] * 2)
     flow = Sequential(name="pipe", steps=[echo_agent("writer", m1), echo_agent("editor", m2)])
     async with Runner(store=store) as runner:
-        inv = runner.start(flow, "topic")
+        inv = await runner.start(flow, "topic")
         await trio.sleep(2.5)
         inv.cancel(reason="deploy")
         first = await inv.wait()
@@ -66,7 +66,7 @@ async def test_sequential_stops_between_steps(autojump_clock: trio.abc.Clock) ->
     m2 = ScriptedModel(["never"])
     flow = Sequential(name="pipe", steps=[echo_agent("writer", m1), echo_agent("editor", m2)])
     async with Runner() as runner:
-        inv = runner.start(flow, "topic")
+        inv = await runner.start(flow, "topic")
         await trio.sleep(2)
         inv.cancel("after_turn")
         outcome = await inv.wait()
@@ -100,7 +100,7 @@ async def test_parallel_safe_point_stop_lets_other_branches_finish_their_turn(
     )
     flow = Parallel(name="fan", branches=[inner_a, echo_agent("b", b)])
     async with Runner() as runner:
-        inv = runner.start(flow, "q")
+        inv = await runner.start(flow, "q")
         await trio.sleep(0.5)
         inv.cancel("after_turn")
         outcome = await inv.wait()
@@ -121,7 +121,7 @@ async def test_loop_until_and_resume(autojump_clock: trio.abc.Clock) -> None:
         until=lambda text: "done" in text,
     )
     async with Runner(store=store) as runner:
-        inv = runner.start(flow, "v0")
+        inv = await runner.start(flow, "v0")
         await trio.sleep(1.5)
         inv.cancel()
         assert (await inv.wait()).status == "cancelled"

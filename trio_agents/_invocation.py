@@ -1,76 +1,109 @@
-"""One invocation: its cancel scope, its event log, its one outcome (see :mod:`.runner`).
+"""One invocation: its cancel scope, its recorder, its one ending (see :mod:`.runner`).
 
 :class:`Invocation` runs as one task in its runner's nursery, under its own ``trio.CancelScope``.
-The agent it runs sees it through :class:`~._run_context.InvocationContext` (the ``RunContext``
-protocol).  Every durable event is appended to the store before it is published; the terminal
-event is written in a shielded scope with a short deadline, then published, then ``wait()``
-returns.
+It gets what it needs from the runner as one small record, :class:`InvocationEnv`, never the
+runner itself.  The agent sees it through :class:`~._run_context.InvocationContext`.
+
+Start (durable before it returns)
+    ``_main`` is started with ``nursery.start``: it writes the invocation record, its
+    ``started`` event and the user's message in the session in one transaction (a resume:
+    takes the lease and journals ``started``) and only then reports started.  A failure there
+    (``SessionBusy``, ``LeaseError``, a store error) is raised to the caller of ``start`` and
+    leaves nothing behind.
+
+The one ending
+    When the body returns or raises, ``_ending`` is set first: from then on a cancel is too late
+    and changes nothing.  The terminal event is built once; the outcome is made from that same
+    event, so they agree.  It is stored (shielded, bounded by ``cleanup_timeout``) together with
+    the deltas before it and the session's answer (the partial answer when interrupted), then
+    published; then ``wait()`` returns.
+
+The lease
+    The lease's local deadline (when the store would let another process take it, less a
+    margin) is the deadline of a cancel scope around the body: an invocation whose lease could
+    not be renewed in time stops itself before anyone else may take it over.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, Final
 
 import attrs
 import trio
 
-from ._exceptions import SessionNotFound, StoreError, UsageError
+from . import approvals
+from ._exceptions import SessionNotFound, UsageError
+from ._recorder import Recorder
 from ._run_context import InvocationContext
+from ._stream import EventStream
+from ._writer import JournalWriter
 from .agents._context import AgentLike, PauseRequested, StopRequested
 from .events import (
+    CancelMode,
     CancelRequested,
     ErrorInfo,
-    Event,
-    InvocationEnded,
     InvocationStarted,
     Status,
     TurnFinished,
+    check_cancel_mode,
+    stronger_mode,
 )
-from .messages import (
-    AssistantMessage,
-    Message,
-    Usage,
-    UserMessage,
-)
-from .stores._base import ApprovalDecision, InvocationRecord, Lease, SessionEntry
+from .messages import AssistantMessage, Message, Usage, UserMessage
+from .stores._base import InvocationRecord, Lease, SessionEntry, Store
 
-if TYPE_CHECKING:
-    from .runner import Runner
+__all__ = ["EventStream", "Invocation", "InvocationEnv", "Outcome"]
 
-__all__ = ["CancelMode", "EventStream", "Invocation", "Outcome"]
+LEASE_MARGIN: Final = 1 / 6
+"""The part of ``lease_ttl`` an invocation keeps in hand: it stops itself that long before
+its lease would expire."""
 
 
-CancelMode: TypeAlias = Literal["after_turn", "after_tools", "immediate"]
-_STRENGTH: Final[dict[str, int]] = {"after_turn": 1, "after_tools": 2, "immediate": 3}
-E = TypeVar("E", bound=Event)
+@attrs.frozen(kw_only=True)
+class InvocationEnv:
+    """What an invocation needs from the runner that owns it."""
+
+    store: Store
+    writer: JournalWriter
+    owner: str
+    lease_ttl: float
+    cleanup_timeout: float
+    approval_timeout: float | None
+    log_limit: int
+    poll_interval: float
+    forget: Callable[[Invocation], None]
 
 
 @attrs.frozen(kw_only=True)
 class Outcome:
-    """How an invocation ended.  Exactly one per invocation.
+    """How an invocation ended.  Exactly one per invocation run; made from the terminal event.
 
     Attributes:
         status: ``completed``, ``failed``, ``cancelled`` or ``paused``.
-        output: the final answer when completed, else the partial output streamed so far.
+        output: the final answer when completed, else the partial output: what the steps
+            still running had said (one step's text; when several ran at once, a
+            ``Parallel``'s branches, each one's text labelled ``[path]``, in path order), or,
+            between steps, what the last finished step said.
+        partials: when not completed, what each step path said (``""`` is the top agent):
+            the turn it was streaming, else its last finished turn, or a finished step's
+            output.  Never interleaved.
         error: what ended a failed invocation (serialisable); ``exception`` is the live
             exception object (in this process only).
         reason: why it was cancelled (the first reason given), or the failure's message.
         usage: tokens of the finished turns.
-        checkpoint_id: the id of the durable terminal checkpoint (``None`` if the store could
-            not be written; ``store_error`` then says why).
-        cancel_requested: a cancel was asked for, whichever way the race with completion went.
+        checkpoint_id: the id of the durable terminal event (``None`` if the store could not
+            be written; ``store_error`` then says why).
+        cancel_requested: a cancel was asked for before the ending was decided.
         cancel_mode: the strongest mode asked for.
         cancelled_by: who asked first (``by=`` of the cancel, or the process that persisted a
             cancel request), when they said.
-        pending_approvals: when ``paused``, the approvals it waits for (decide them with
-            :meth:`Runner.decide`, then :meth:`Runner.resume` it).
+        pending_approvals: when ``paused``, the approvals it waits for.
     """
 
     invocation_id: str
     status: Status
     output: str = ""
+    partials: Mapping[str, str] = attrs.field(factory=dict, hash=False)
     error: ErrorInfo | None = None
     exception: BaseException | None = attrs.field(default=None, eq=False, repr=False)
     reason: str | None = None
@@ -81,35 +114,6 @@ class Outcome:
     cancelled_by: str | None = None
     pending_approvals: tuple[str, ...] = ()
     store_error: str | None = None
-
-
-class EventStream:
-    """A cursor over an invocation's event log: replays from the start, then follows live.
-
-    It holds no buffer: a slow reader costs one integer, never memory that grows, and never
-    slows the invocation down.  Iteration ends after the terminal event.
-    """
-
-    def __init__(self, invocation: Invocation, after_seq: int = 0) -> None:
-        self._inv = invocation
-        self._index = 0
-        self._after = after_seq
-
-    def __aiter__(self) -> EventStream:
-        return self
-
-    async def __anext__(self) -> Event:
-        await trio.lowlevel.checkpoint()
-        log = self._inv._log
-        while True:
-            while self._index < len(log):
-                event = log[self._index]
-                self._index += 1
-                if event.seq > self._after:
-                    return event
-            if self._inv._ended is not None:
-                raise StopAsyncIteration
-            await self._inv._lot.park()
 
 
 def _signals(exc: Exception) -> list[Exception] | None:
@@ -135,13 +139,32 @@ def _leaf(exc: BaseException) -> BaseException:
     return exc
 
 
-@attrs.define
-class _Parked:
-    """An invocation's waits for approval: what each waits for, and how to end them."""
+def history_of(entries: Any, invocation_id: str) -> list[Message]:
+    """The conversation a session's entries hold, for the model: each earlier invocation's
+    question and its latest answer; an interrupted answer is marked so."""
+    messages: list[Message] = []
+    answers: dict[str, int] = {}  # invocation id -> index of its answer in messages
+    for entry in entries:
+        if entry.invocation_id == invocation_id or entry.message is None:
+            continue
+        message = entry.message
+        if entry.interrupted and isinstance(message, AssistantMessage):
+            note = f"[interrupted: {entry.reason}]" if entry.reason else "[interrupted]"
+            message = attrs.evolve(message, text=f"{message.text}\n\n{note}")
+        if isinstance(message, AssistantMessage) and entry.invocation_id is not None:
+            index = answers.get(entry.invocation_id)
+            if index is not None:  # a resumed invocation answered again: keep the latest
+                messages[index] = message
+                continue
+            answers[entry.invocation_id] = len(messages)
+        messages.append(message)
+    return messages
 
-    waiting: dict[str, ApprovalDecision | None] = attrs.field(factory=dict)
-    scopes: set[trio.CancelScope] = attrs.field(factory=set)
-    lot: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+
+def _joined(partials: Mapping[str, str]) -> str:
+    if len(partials) == 1:
+        return next(iter(partials.values()))
+    return "\n\n".join(f"[{path}]\n{text}" for path, text in sorted(partials.items()))
 
 
 class Invocation:
@@ -150,34 +173,28 @@ class Invocation:
     Made by :meth:`Runner.start` or :meth:`Runner.resume`; not constructed directly.
     """
 
-    # Slots: a runner holds thousands of these; an instance dict of 30 keys costs 1.6 KiB each.
+    # Slots: a runner holds thousands of these; an instance dict costs a KiB or two each.
     __slots__ = (
         "_cancelled_by",
         "_ctx",
         "_done",
-        "_ended",
-        "_held",
+        "_ending",
+        "_env",
+        "_gates",
         "_history",
-        "_last_text",
-        "_lease",
-        "_log",
-        "_lot",
+        "_lease_scope",
         "_mode",
         "_outcome",
-        "_parked",
-        "_partial",
         "_reason",
-        "_runner",
         "_scope",
-        "_seq",
         "_stream_scopes",
         "_token",
         "_usage",
-        "_write_lock",
-        "_writing",
         "agent",
+        "exclusive",
         "id",
         "input",
+        "recorder",
         "resumed",
         "session_id",
         "user_id",
@@ -185,49 +202,40 @@ class Invocation:
 
     def __init__(
         self,
-        runner: Runner,
+        env: InvocationEnv,
         agent: AgentLike,
         *,
         invocation_id: str,
         input: str,
         user_id: str | None,
         session_id: str | None,
-        journal: list[Event],
-        lease: Lease | None,
-        last_seq: int,
+        resumed: bool,
+        exclusive: bool = True,
+        head: tuple[int, int] = (0, 0),
     ) -> None:
         self.id = invocation_id
         self.agent = agent
         self.input = input
         self.user_id = user_id
         self.session_id = session_id
-        self.resumed = bool(journal) or lease is not None
-        self._runner = runner
+        self.resumed = resumed
+        self.exclusive = exclusive
+        self._env = env
         self._token = trio.lowlevel.current_trio_token()
         self._scope = trio.CancelScope()
+        self._lease_scope = trio.CancelScope()
         self._stream_scopes: set[trio.CancelScope] = set()
-        self._parked: _Parked | None = None  # made by the first wait for an approval
+        self._gates: approvals.Gates | None = None
         self._mode: CancelMode | None = None
         self._reason: str | None = None
         self._cancelled_by: str | None = None
+        self._ending = False
         self._history: list[Message] = []
-        self._lease = lease
-        self._seq = last_seq
-        # Earlier runs' terminal events stay in the store; the live log shows this run's end only.
-        self._log: list[Event] = [e for e in journal if not isinstance(e, InvocationEnded)]
-        self._lot = trio.lowlevel.ParkingLot()
-        self._write_lock = trio.Lock()
-        self._writing = False
-        self._held: list[Event] = []
-        self._ctx = InvocationContext(self, journal, "", input)
-        self._partial: list[str] = []
-        self._last_text = ""
+        self.recorder = Recorder(
+            invocation_id, writer=env.writer, head=head, log_limit=env.log_limit
+        )
+        self._ctx = InvocationContext(self, (), "", input)
         self._usage = Usage()
-        for event in journal:
-            if isinstance(event, TurnFinished):
-                self._usage = self._usage + event.usage
-                self._last_text = event.message.text
-        self._ended: InvocationEnded | None = None
         self._outcome: Outcome | None = None
         self._done = trio.Event()
 
@@ -245,9 +253,15 @@ class Invocation:
     def is_active(self) -> bool:
         return self._outcome is None
 
-    def events(self, *, after_seq: int = 0) -> EventStream:
-        """Every event of this invocation from the start (or after ``after_seq``), then live."""
-        return EventStream(self, after_seq)
+    def events(self, *, after_seq: int | str | tuple[int, int] = 0) -> EventStream:
+        """Every event of this invocation after ``after_seq`` (an id: ``41`` or ``"41.3"``;
+        default: from the start, earlier runs included but for their terminal events), then
+        live, until this run's end.
+
+        The live part comes from memory; what this process no longer holds is read from the
+        store.  A slow reader costs a cursor, never memory that grows.
+        """
+        return EventStream(self._env.store, self.id, after_seq, live=self, this_run_only_ends=True)
 
     async def wait(self) -> Outcome:
         """Wait for the end.  When this returns, nothing of the invocation is running."""
@@ -267,16 +281,14 @@ class Invocation:
 
         ``reason`` and ``by`` (who asks) are recorded in the outcome; the first given is kept.
 
-        Returns ``False`` if the invocation has already ended (a no-op), else ``True``.
-        Raises :class:`~trio_agents.UsageError` for an unknown mode or a negative grace.
+        Returns ``False`` if the invocation's ending is already decided (a no-op), else
+        ``True``.  Raises :class:`~trio_agents.UsageError` for an unknown mode or a negative
+        grace.
         """
-        if mode not in _STRENGTH:
-            raise UsageError(
-                f"unknown cancel mode {mode!r}; use 'after_turn', 'after_tools' or 'immediate'"
-            )
+        check_cancel_mode(mode)
         if grace is not None and not grace >= 0:
             raise UsageError(f"grace must be a number of seconds >= 0, got {grace!r}")
-        if self._outcome is not None:
+        if self._ending:
             return False
         try:
             here = trio.lowlevel.current_trio_token() is self._token
@@ -296,115 +308,62 @@ class Invocation:
     def _apply_cancel(
         self, mode: CancelMode, reason: str | None, grace: float | None, by: str | None = None
     ) -> None:
-        if self._outcome is not None:
+        if self._ending:  # the ending is decided: a cancel now changes nothing
             return
         if self._reason is None:
             self._reason = reason
         if self._cancelled_by is None:
             self._cancelled_by = by
-        stronger = self._mode is None or _STRENGTH[mode] > _STRENGTH[self._mode]
-        if stronger:
+        mode = stronger_mode(self._mode, mode)
+        if mode != self._mode:
             self._mode = mode
-            self._publish(
-                self._stamp(CancelRequested, mode=mode, reason=self._reason, by=self._cancelled_by)
+            self.recorder.publish_ephemeral(
+                CancelRequested, mode=mode, reason=self._reason, by=self._cancelled_by
             )
-        if self._mode == "immediate":
+        if mode == "immediate":
             self._scope.cancel(reason=self._reason)
-        elif self._mode == "after_tools":
+        elif mode == "after_tools":
             for scope in self._stream_scopes:
                 scope.cancel(reason=self._reason)
-        if self._parked is not None:  # every mode ends a wait for a person
-            for scope in self._parked.scopes:
-                scope.cancel(reason=self._reason)
-        if grace is not None and self._mode != "immediate":
+        if self._gates is not None:  # every mode ends a wait for a person
+            self._gates.end_waits(self._reason)
+        if grace is not None and mode != "immediate":
             self._scope.deadline = min(self._scope.deadline, trio.current_time() + grace)
 
-    # ---- approvals --------------------------------------------------------------------------
+    def _stopping(self) -> bool:
+        return self._mode is not None
 
-    def _deliver(self, decision: ApprovalDecision) -> bool:
-        """Hand a decision to the wait parked on it; ``False`` if none is."""
-        parked = self._parked
-        if parked is None or parked.waiting.get(decision.approval_id, decision) is not None:
-            return False
-        parked.waiting[decision.approval_id] = decision
-        parked.lot.unpark_all()
-        return True
+    def _tools_stopped(self) -> bool:
+        """No new tool call may start (``after_tools`` or ``immediate`` took effect)."""
+        return self._mode in ("after_tools", "immediate") or self._scope.cancel_called
 
-    def _parked_on(self, approval_id: str) -> bool:
-        return self._parked is not None and approval_id in self._parked.waiting
+    # ---- approvals (the runner's side) ------------------------------------------------------
+
+    def _gates_made(self) -> approvals.Gates:
+        if self._gates is None:
+            self._gates = approvals.Gates()
+        return self._gates
 
     def _is_parked(self) -> bool:
-        return self._parked is not None and bool(self._parked.waiting)
+        return self._gates is not None and self._gates.is_parked()
 
-    async def _wait_for_decisions(self, pending: Sequence[str]) -> dict[str, ApprovalDecision]:
-        """Park until each of ``pending`` is decided (here, by :meth:`Runner.decide`, or in
-        another process, through the store and the runner's watcher)."""
-        if self._parked is None:
-            self._parked = _Parked()
-        parked = self._parked
-        waiting = parked.waiting
-        for approval_id in pending:
-            waiting[approval_id] = None
-        try:
-            for decision in await self._runner.store.decisions(self.id):  # made while paused
-                self._deliver(decision)
-            timeout = self._runner.approval_timeout
-            with trio.CancelScope() as scope:
-                if timeout is not None:
-                    scope.deadline = trio.current_time() + timeout
-                parked.scopes.add(scope)
-                if self._mode is not None:
-                    scope.cancel(reason=self._reason)
-                try:
-                    while any(waiting[a] is None for a in pending):
-                        await parked.lot.park()
-                finally:
-                    parked.scopes.discard(scope)
-            missing = [a for a in pending if waiting[a] is None]
-            if missing:
-                if self._mode is not None:
-                    raise StopRequested
-                raise PauseRequested(missing)
-            return {a: d for a in pending if (d := waiting[a]) is not None}
-        finally:
-            for approval_id in pending:
-                waiting.pop(approval_id, None)
+    def _parked_on(self, approval_id: str) -> bool:
+        return self._gates is not None and self._gates.parked_on(approval_id)
 
-    # ---- events -----------------------------------------------------------------------------
+    # ---- the lease ------------------------------------------------------------------------------
 
-    def _stamp(self, cls: type[E], **fields: Any) -> E:
-        self._seq += 1
-        return cls(invocation_id=self.id, seq=self._seq, at=time.time(), **fields)
-
-    def _publish(self, event: Event) -> None:
-        if self._writing:  # keep the log in seq order: after the durable event being written
-            self._held.append(event)
-            return
-        self._log.append(event)
-        self._lot.unpark_all()
-
-    async def _record(self, cls: type[E], **fields: Any) -> None:
-        """Durable before visible: stamp, append to the store, then publish.
-
-        Writes are serialised (parallel tools record concurrently) so stored seqs grow;
-        ephemeral events published meanwhile are held and follow the durable one.
-        """
-        assert self._lease is not None
-        async with self._write_lock:
-            event = self._stamp(cls, **fields)
-            self._writing = True
-            try:
-                await self._runner.store.append_events(self._lease, [event])
-            finally:
-                self._writing = False
-                held, self._held = self._held, []
-            self._publish(event)
-            for later in held:
-                self._publish(later)
+    def _lease_renewed(self, lease: Lease, sent_at: float) -> None:
+        """A renewal sent at ``sent_at`` (trio time) succeeded: move the stop deadline."""
+        if self.recorder.lease is not None and lease.epoch == self.recorder.lease.epoch:
+            self.recorder.lease = lease
+            ttl = self._env.lease_ttl
+            self._lease_scope.deadline = sent_at + ttl * (1 - LEASE_MARGIN)
 
     # ---- the task -----------------------------------------------------------------------------
 
-    async def _main(self) -> None:
+    async def _main(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        await self._open()
+        task_status.started()
         status: Status | None = None
         output = ""
         error: BaseException | None = None
@@ -412,8 +371,18 @@ class Invocation:
         try:
             try:
                 with self._scope:
-                    output = await self._body()
-                if self._scope.cancelled_caught:
+                    with self._lease_scope:
+                        output = await self._body()
+                    if self._lease_scope.cancelled_caught:
+                        self._reason = self._reason or (
+                            "lease expired: it could not be renewed in time, so the invocation "
+                            "stopped before another process could take it over"
+                        )
+                        self._mode = "immediate"
+                        status = "cancelled"
+                if status is not None:
+                    pass
+                elif self._scope.cancelled_caught:
                     status = "cancelled"
                     if self._mode != "immediate":  # a grace period ran out
                         self._mode = "immediate"
@@ -432,138 +401,141 @@ class Invocation:
                         a for s in signals if isinstance(s, PauseRequested) for a in s.pending
                     )
         finally:
+            self._ending = True
             if status is None:  # a cancel from outside the invocation: the runner is stopping
                 status = "cancelled"
                 if self._reason is None:
                     self._reason = "shutdown"
-            await self._finish(status, output, error, pending)
+            with trio.CancelScope(shield=True):
+                await self._finish(status, output, error, pending)
 
-    async def _body(self) -> str:
-        runner = self._runner
-        if self._lease is None:
+    async def _open(self) -> None:
+        """Make the invocation durable (see the module docstring); raise if it cannot be."""
+        env, rec = self._env, self.recorder
+        sent_at = trio.current_time()
+        if not self.resumed:
+            started = rec.stamp_durable(
+                InvocationStarted,
+                agent=self.agent.name,
+                input=self.input,
+                user_id=self.user_id,
+                session_id=self.session_id,
+            )
             record = InvocationRecord(
                 id=self.id,
                 agent=self.agent.name,
                 input=self.input,
                 user_id=self.user_id,
                 session_id=self.session_id,
-                owner=runner.owner,
+                owner=env.owner,
             )
-            self._lease = await runner.store.create_invocation(record, ttl=runner.lease_ttl)
+            entry = None
+            if self.session_id is not None:
+                entry = SessionEntry(
+                    seq=0,
+                    author="user",
+                    invocation_id=self.id,
+                    message=UserMessage(text=self.input),
+                )
+            rec.lease = await env.store.create_invocation(
+                record,
+                ttl=env.lease_ttl,
+                events=[started],
+                session_entry=entry,
+                exclusive_session=self.exclusive,
+            )
+            rec.started(started)
+        else:
+            rec.lease = await env.store.acquire_lease(
+                self.id, owner=env.owner, ttl=env.lease_ttl, exclusive_session=self.exclusive
+            )
+            journal = await env.store.load_events(self.id)
+            self._ctx = InvocationContext(self, journal, "", self.input)
+            for event in journal:
+                if isinstance(event, TurnFinished):
+                    self._usage = self._usage + event.usage
+                    rec.path_text(event.path).last = event.message.text
+            await rec.record(
+                InvocationStarted,
+                agent=self.agent.name,
+                input=self.input,
+                user_id=self.user_id,
+                session_id=self.session_id,
+                resumed=True,
+            )
+        self._lease_scope.deadline = sent_at + env.lease_ttl * (1 - LEASE_MARGIN)
+
+    async def _body(self) -> str:
         if self.session_id is not None:
-            self._history = await self._load_history(self.session_id)
-        await self._record(
-            InvocationStarted,
-            agent=self.agent.name,
-            input=self.input,
-            user_id=self.user_id,
-            session_id=self.session_id,
-            resumed=self.resumed,
-        )
+            store = self._env.store
+            try:
+                session = await store.get_session(self.session_id)
+            except SessionNotFound:
+                session = None
+            if session is not None:
+                self._history = history_of(session.entries, self.id)
         return await self.agent.run(self._ctx)
-
-    async def _load_history(self, session_id: str) -> list[Message]:
-        """The session's earlier messages; the session is created on first use."""
-        store = self._runner.store
-        try:
-            session = await store.get_session(session_id)
-        except SessionNotFound:
-            session = await store.create_session(session_id, user_id=self.user_id)
-        return [
-            e.message
-            for e in session.entries
-            if e.message is not None and e.invocation_id != self.id
-        ]
-
-    async def _append_to_session(self, session_id: str, output: str) -> None:
-        """Add this completed invocation's question and answer to its session."""
-        store = self._runner.store
-        session = await store.get_session(session_id)
-        seq = session.last_seq
-        await store.append_session_entry(
-            session_id,
-            SessionEntry(
-                seq=seq + 1,
-                author="user",
-                invocation_id=self.id,
-                message=UserMessage(text=self.input),
-            ),
-        )
-        await store.append_session_entry(
-            session_id,
-            SessionEntry(
-                seq=seq + 2,
-                author=self.agent.name,
-                invocation_id=self.id,
-                message=AssistantMessage(text=output),
-            ),
-        )
 
     async def _finish(
         self, status: Status, output: str, error: BaseException | None, pending: tuple[str, ...]
     ) -> None:
+        partials: dict[str, str] = {}
         if status != "completed":
-            output = "".join(self._partial) or self._last_text
+            said = {p: t for p, t in self.recorder.paths.items() if t.text()}
+            partials = {p: t.text() for p, t in said.items()}
+            running = {p: partials[p] for p, t in said.items() if not t.finished}
+            if running:  # the work in progress
+                output = _joined(running)
+            elif said:  # between steps: what the last finished step said
+                output = partials[max(said, key=lambda p: said[p].finished)]
+            else:
+                output = ""
         if status == "failed" and error is not None:
             reason: str | None = f"{type(error).__name__}: {error}"
         elif status == "paused":
             reason = f"awaiting approval: {', '.join(pending)}"
         else:
             reason = self._reason if status == "cancelled" else None
-        checkpoint_id: str | None = None
-        store_error: str | None = None
-        with trio.move_on_after(self._runner.cleanup_timeout, shield=True) as cleanup:
-            ended = self._stamp(
-                InvocationEnded,
+        fields: dict[str, Any] = {
+            "status": status,
+            "reason": reason,
+            "output": output,
+            "partials": partials,
+            "error": ErrorInfo.from_exception(error) if error is not None else None,
+            "usage": self._usage,
+            "cancel_requested": self._mode is not None,
+            "cancelled_by": self._cancelled_by,
+            "pending_approvals": pending,
+        }
+        entry = None
+        if self.session_id is not None:
+            entry = SessionEntry(
+                seq=0,
+                author=self.agent.name,
+                invocation_id=self.id,
+                message=AssistantMessage(text=output) if output else None,
                 status=status,
+                interrupted=status != "completed",
                 reason=reason,
-                output=output,
-                error=ErrorInfo.from_exception(error) if error is not None else None,
-                usage=self._usage,
-                checkpoint_id=f"{self.id}:{self._seq + 1}",
-                cancel_requested=self._mode is not None,
-                cancelled_by=self._cancelled_by,
-                pending_approvals=pending,
             )
-            try:
-                if self._lease is None:  # cancelled before the record was created
-                    record = InvocationRecord(
-                        id=self.id,
-                        agent=self.agent.name,
-                        input=self.input,
-                        user_id=self.user_id,
-                        session_id=self.session_id,
-                        owner=self._runner.owner,
-                    )
-                    self._lease = await self._runner.store.create_invocation(
-                        record, ttl=self._runner.lease_ttl
-                    )
-                if status == "completed" and self.session_id is not None:
-                    await self._append_to_session(self.session_id, output)
-                await self._runner.store.append_events(self._lease, [ended])
-                checkpoint_id = ended.checkpoint_id
-            except (StoreError, UsageError) as exc:
-                store_error = f"{type(exc).__name__}: {exc}"
-        if cleanup.cancelled_caught:
-            store_error = f"the terminal write took longer than {self._runner.cleanup_timeout}s"
-        if checkpoint_id is None:
-            ended = attrs.evolve(ended, checkpoint_id=None)
-        self._ended = ended
+        ended, store_error = await self.recorder.end(
+            fields, entry, timeout=self._env.cleanup_timeout
+        )
         self._outcome = Outcome(
             invocation_id=self.id,
-            status=status,
-            output=output,
+            status=ended.status,
+            output=ended.output,
+            partials=dict(ended.partials),
             error=ended.error,
             exception=error,
-            reason=reason,
-            usage=self._usage,
-            checkpoint_id=checkpoint_id,
-            cancel_requested=self._mode is not None,
+            reason=ended.reason,
+            usage=ended.usage,
+            checkpoint_id=ended.checkpoint_id,
+            cancel_requested=ended.cancel_requested,
             cancel_mode=self._mode,
-            cancelled_by=self._cancelled_by,
-            pending_approvals=pending,
-            store_error=store_error,
+            cancelled_by=ended.cancelled_by,
+            pending_approvals=ended.pending_approvals,
+            store_error=store_error or self.recorder.store_error,
         )
-        self._publish(ended)
-        self._runner._forget(self)
+        self._env.forget(self)
         self._done.set()

@@ -1,6 +1,9 @@
 """The :class:`~trio_agents.agents.RunContext` an invocation hands its agent (see
 :mod:`._invocation`): what the agent may do to the invocation - publish deltas, journal turns,
 tool calls and steps, open cancellable stream scopes, wait for approvals - and nothing else.
+
+Each context is one step path.  What the path has said (the turn it streams, its last finished
+turn) lives in its own :class:`~._recorder.PathText`, so parallel branches never share one.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from . import approvals
 from ._exceptions import UsageError
 from .agents._context import ApprovalAnswer, StopRequested
 from .events import (
@@ -25,6 +29,7 @@ from .events import (
     TurnFinished,
 )
 from .messages import Message, ModelResponse, ToolCall, ToolResult
+from .stores._base import ApprovalDecision
 
 if TYPE_CHECKING:
     from ._invocation import Invocation
@@ -35,8 +40,12 @@ __all__ = ["InvocationContext"]
 class InvocationContext:
     """The :class:`~trio_agents.agents.RunContext` an invocation hands its agent."""
 
+    __slots__ = ("_inv", "_rec", "_text", "input", "journal", "path")
+
     def __init__(self, inv: Invocation, journal: Sequence[Event], path: str, input: str) -> None:
         self._inv = inv
+        self._rec = inv.recorder
+        self._text = inv.recorder.path_text(path)
         self.journal = journal
         self.path = path
         self.input = input
@@ -69,10 +78,13 @@ class InvocationContext:
         if self._inv._mode is not None:
             raise StopRequested
 
+    def may_start_tool(self) -> bool:
+        return not self._inv._tools_stopped()
+
     @contextmanager
     def stream_scope(self) -> Iterator[trio.CancelScope]:
         inv = self._inv
-        inv._partial.clear()
+        self._text.partial = []
         with trio.CancelScope() as scope:
             inv._stream_scopes.add(scope)
             if inv._mode in ("after_tools", "immediate"):
@@ -83,17 +95,14 @@ class InvocationContext:
                 inv._stream_scopes.discard(scope)
 
     def emit_text(self, turn: int, text: str) -> None:
-        inv = self._inv
-        inv._partial.append(text)
-        inv._publish(inv._stamp(TextDelta, path=self.path, turn=turn, text=text))
+        self._text.partial.append(text)
+        self._rec.publish_ephemeral(TextDelta, path=self.path, turn=turn, text=text)
 
     def emit_reasoning(self, turn: int, text: str) -> None:
-        inv = self._inv
-        inv._publish(inv._stamp(ReasoningDelta, path=self.path, turn=turn, text=text))
+        self._rec.publish_ephemeral(ReasoningDelta, path=self.path, turn=turn, text=text)
 
     async def record_turn(self, turn: int, response: ModelResponse) -> None:
-        inv = self._inv
-        await inv._record(
+        await self._rec.record(
             TurnFinished,
             path=self.path,
             turn=turn,
@@ -101,54 +110,59 @@ class InvocationContext:
             usage=response.usage,
             finish_reason=response.finish_reason,
         )
+        inv = self._inv
         inv._usage = inv._usage + response.usage
-        inv._last_text = response.message.text
-        inv._partial.clear()
+        self._text.last = response.message.text
+        self._text.partial = []
 
     async def record_tool_started(self, turn: int, call: ToolCall) -> None:
-        await self._inv._record(ToolCallStarted, path=self.path, turn=turn, call=call)
+        await self._rec.record(ToolCallStarted, path=self.path, turn=turn, call=call)
 
     async def record_tool_finished(self, turn: int, result: ToolResult) -> None:
-        await self._inv._record(ToolCallFinished, path=self.path, turn=turn, result=result)
+        await self._rec.record(ToolCallFinished, path=self.path, turn=turn, result=result)
 
     async def record_step_finished(self, output: str) -> None:
-        await self._inv._record(StepFinished, path=self.path, output=output)
+        event = await self._rec.record(StepFinished, path=self.path, output=output)
+        self._text.partial = []
+        self._text.last = output
+        self._text.finished = event.seq
 
     async def await_approvals(
         self, turn: int, calls: Sequence[ToolCall]
     ) -> Mapping[str, ApprovalAnswer]:
-        inv = self._inv
-        requested = {e.approval_id for e in self.journal if isinstance(e, ApprovalRequested)}
-        answers = {
-            e.approval_id: ApprovalAnswer(
-                approval_id=e.approval_id, approved=e.approved, reason=e.reason
-            )
-            for e in self.journal
-            if isinstance(e, ApprovalDecided)
-        }
-        prefix = f"{self.path}/" if self.path else ""
-        ids = {call.id: f"{prefix}{turn}:{call.id}" for call in calls}
-        for call in calls:
-            approval_id = ids[call.id]
-            if approval_id not in requested and approval_id not in answers:
-                await inv._record(
-                    ApprovalRequested, path=self.path, turn=turn, approval_id=approval_id, call=call
-                )
-        pending = [a for a in ids.values() if a not in answers]
-        if pending:
-            decisions = await inv._wait_for_decisions(pending)
-            for approval_id in pending:
-                decision = decisions[approval_id]
-                await inv._record(
-                    ApprovalDecided,
-                    path=self.path,
-                    turn=turn,
-                    approval_id=approval_id,
-                    approved=decision.approved,
-                    reason=decision.reason,
-                    by=decision.decided_by,
-                )
-                answers[approval_id] = ApprovalAnswer(
-                    approval_id=approval_id, approved=decision.approved, reason=decision.reason
-                )
-        return {call_id: answers[approval_id] for call_id, approval_id in ids.items()}
+        return await approvals.await_approvals(self, self.journal, self.path, turn, calls)
+
+    # ---- approvals.ApprovalHost ---------------------------------------------------------------
+
+    def gates(self) -> approvals.Gates:
+        return self._inv._gates_made()
+
+    def stopping(self) -> bool:
+        return self._inv._stopping()
+
+    @property
+    def approval_timeout(self) -> float | None:
+        return self._inv._env.approval_timeout
+
+    async def stored_decisions(self) -> list[ApprovalDecision]:
+        return await self._inv._env.store.decisions(self._inv.id)
+
+    async def record_requested(
+        self, path: str, turn: int, approval_id: str, call: ToolCall
+    ) -> None:
+        await self._rec.record(
+            ApprovalRequested, path=path, turn=turn, approval_id=approval_id, call=call
+        )
+
+    async def record_decided(
+        self, path: str, turn: int, approval_id: str, decision: ApprovalDecision
+    ) -> None:
+        await self._rec.record(
+            ApprovalDecided,
+            path=path,
+            turn=turn,
+            approval_id=approval_id,
+            approved=decision.approved,
+            reason=decision.reason,
+            by=decision.decided_by,
+        )

@@ -73,7 +73,7 @@ async def _ask(console: Console, runner: Runner, event: ApprovalRequested, lock:
 
 async def _run_and_show(console: Console, agent: AgentLike, prompt: str, store: str) -> Outcome:
     async with Runner(store=store) as runner:
-        inv = runner.start(agent, prompt)
+        inv = await runner.start(agent, prompt)
         questions = trio.Lock()
         async with trio.open_nursery() as nursery:
 

@@ -43,6 +43,7 @@ Events of an agent inside a workflow carry a ``path`` (``"0:research"``,
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any, Final, Literal, TypeAlias
 
 import attrs
@@ -320,8 +321,10 @@ class CancelRequested:
 class InvocationEnded:
     """The one terminal event of an invocation.
 
-    ``output`` is the final answer when ``completed``, else the partial output streamed so far.
-    ``cancel_requested`` is true when a cancel was asked for, whichever way the race went.
+    ``output`` is the final answer when ``completed``, else the partial output streamed so far;
+    ``partials`` then holds it per step path (a ``Parallel``'s branches apart, never
+    interleaved).  ``cancel_requested`` is true when a cancel was asked for before the ending
+    was decided; a cancel after that changes nothing and is not recorded.
     """
 
     kind: Literal["ended"] = "ended"
@@ -332,6 +335,7 @@ class InvocationEnded:
     status: Status
     reason: str | None = None
     output: str = ""
+    partials: Mapping[str, str] = attrs.field(factory=dict, hash=False)
     error: ErrorInfo | None = None
     usage: Usage = Usage()
     checkpoint_id: str | None = None

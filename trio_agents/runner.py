@@ -3,10 +3,19 @@
 Who owns what
     A :class:`Runner` is a nursery with a registry.  ``async with Runner() as runner`` opens the
     store and two nurseries: one holds the invocations, one holds the runner's own background
-    tasks (lease renewal).  Each invocation is one task in the first nursery running under its
-    own ``trio.CancelScope``; everything the invocation starts - the model's HTTP stream (owned
-    by the model's async context manager), tool calls (owned by the agent loop's nursery) - lives
-    inside that scope.  Leaving the ``async with`` block waits for the invocations still running.
+    tasks: the journal writer (one group commit for many invocations' writes), lease renewal
+    (one store call per round for all invocations) and the watcher (one store call per wake
+    for the cancel requests and approval decisions of all invocations running here).  Each
+    invocation is one task in the first nursery running under its own ``trio.CancelScope``;
+    everything the invocation starts - the model's HTTP stream (owned by the model's async
+    context manager), tool calls (owned by the agent loop's nursery) - lives inside that scope.
+    Leaving the ``async with`` block waits for the invocations still running.
+
+Models
+    The models of the agents a runner runs are owned resources: the runner opens each one
+    (``async with model``) the first time an invocation needs it and closes it when the runner
+    closes, after every invocation has ended.  Opens nest, so a model the caller holds open
+    too stays open until both have let go.
 
 What happens on cancel
     ``inv.cancel(mode="immediate")`` is one ``scope.cancel()``: the stream's context manager
@@ -21,10 +30,20 @@ What happens on cancel
     reason ``"shutdown"``, journaled, so another process can resume it.
 
 What is persisted first
-    Every durable event (started, turn finished, tool intent, tool result, the end) is appended
-    to the store *before* it is published to subscribers.  The terminal event is written in a
-    shielded scope with a short deadline (``cleanup_timeout``), then published, then ``wait()``
-    returns.  Text deltas are published only: the finished turn that contains them is durable.
+    ``await runner.start(...)`` returns once the invocation record, its ``started`` event and
+    (with a session) the user's message are in the store: from then on any process can cancel,
+    decide or follow it.  Every durable event (turn finished, tool intent, tool result, the
+    end) is stored *before* it is published.  Text deltas are published at once and stored in
+    batches (with the next durable event, and within ``flush_interval``).  The terminal event
+    is written in a shielded scope with a short deadline (``cleanup_timeout``), with the
+    session's answer (the partial answer, marked interrupted, when it did not complete), then
+    published, then ``wait()`` returns.
+
+Leases
+    Each running invocation holds a lease in the store, renewed every third of ``lease_ttl``
+    for all invocations in one store call.  An invocation whose lease could not be renewed in
+    time stops itself (``cancelled``) before the lease expires, so another process that takes
+    it over never runs alongside it.
 
 Approvals
     A tool declared ``requires_approval=True`` does not run until :meth:`Runner.decide` says
@@ -38,6 +57,7 @@ Approvals
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -49,9 +69,13 @@ from typing import Any
 import trio
 
 from ._exceptions import InvocationNotFound, LeaseError, StoreError, UsageError
-from ._invocation import _STRENGTH, CancelMode, EventStream, Invocation, Outcome
+from ._invocation import EventStream, Invocation, InvocationEnv, Outcome
+from ._writer import JournalWriter
 from .agents._context import AgentLike
-from .events import ApprovalDecided, ApprovalRequested
+from .agents._models import models_of
+from .approvals import check_decidable
+from .events import CancelMode, EventId, check_cancel_mode
+from .models._base import Model
 from .stores._base import ApprovalDecision, CancelRequest, Store
 from .stores._open import open_store
 
@@ -69,8 +93,10 @@ class Runner:
         agents: agents this runner may resume by name (agents passed to :meth:`start` are
             remembered too).
         owner: this process's name in leases (default: host, pid and a random suffix).
-        lease_ttl: seconds a lease lasts; it is renewed every third of that while running.
-        cleanup_timeout: the deadline of the shielded terminal write.
+        lease_ttl: seconds a lease lasts; it is renewed every third of that while running, and
+            an invocation whose lease could not be renewed stops itself a sixth of it before
+            the lease would expire.
+        cleanup_timeout: the deadline of the shielded terminal write, and of each group commit.
         cancel_poll_interval: how often (at most) the store is asked for cancel requests and
             approval decisions made by other processes.  Stores that can push them (memory,
             PostgreSQL's LISTEN/NOTIFY) wake the runner at once; SQLite is polled at this
@@ -79,6 +105,12 @@ class Runner:
             that requires approval before it ends ``paused`` (its task, its connection and its
             lease released; :meth:`resume` continues it once decided).  ``None`` (the default)
             waits until a decision or a cancel.
+        max_active: the most invocations running here at once; :meth:`start` and
+            :meth:`resume` wait for a place (``None``: no limit).
+        flush_interval: how long streamed deltas may wait before they are stored (what a
+            follower in another process sees of a turn as it streams).
+        log_limit: stored events each invocation keeps in memory for its readers; a reader
+            further behind continues from the store.
     """
 
     def __init__(
@@ -91,6 +123,9 @@ class Runner:
         cleanup_timeout: float = 5.0,
         cancel_poll_interval: float = 1.0,
         approval_timeout: float | None = None,
+        max_active: int | None = None,
+        flush_interval: float = 0.25,
+        log_limit: int = 1024,
     ) -> None:
         if lease_ttl <= 0 or cleanup_timeout <= 0 or cancel_poll_interval <= 0:
             raise UsageError(
@@ -100,6 +135,10 @@ class Runner:
             raise UsageError(
                 f"approval_timeout must be seconds >= 0 or None, got {approval_timeout!r}"
             )
+        if max_active is not None and (not isinstance(max_active, int) or max_active < 1):
+            raise UsageError(f"max_active must be a positive int or None, got {max_active!r}")
+        if not flush_interval > 0 or not isinstance(log_limit, int) or log_limit < 1:
+            raise UsageError("flush_interval must be positive seconds and log_limit a positive int")
         self.approval_timeout = approval_timeout
         self.cancel_poll_interval = cancel_poll_interval
         self._store_spec = store
@@ -107,10 +146,18 @@ class Runner:
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lease_ttl = lease_ttl
         self.cleanup_timeout = cleanup_timeout
+        self.max_active = max_active
+        self.flush_interval = flush_interval
+        self.log_limit = log_limit
         self._active: dict[str, Invocation] = {}
+        self._limiter = trio.CapacityLimiter(max_active) if max_active is not None else None
         self._store: Store | None = None
+        self._env: InvocationEnv | None = None
         self._nursery: trio.Nursery | None = None
         self._stack: AsyncExitStack | None = None
+        self._models: AsyncExitStack | None = None
+        self._opened: dict[int, Model] = {}  # models this runner holds open, by identity
+        self.writer: JournalWriter | None = None
 
     @property
     def store(self) -> Store:
@@ -122,13 +169,35 @@ class Runner:
         if self._stack is not None:
             raise UsageError("this Runner is already open")
         async with AsyncExitStack() as stack:
-            self._store = await stack.enter_async_context(open_store(self._store_spec))
+            store = self._store = await stack.enter_async_context(open_store(self._store_spec))
+            writer = JournalWriter(
+                store, commit_timeout=self.cleanup_timeout, flush_interval=self.flush_interval
+            )
+            self.writer = writer
+            self._env = InvocationEnv(
+                store=store,
+                writer=writer,
+                owner=self.owner,
+                lease_ttl=self.lease_ttl,
+                cleanup_timeout=self.cleanup_timeout,
+                approval_timeout=self.approval_timeout,
+                log_limit=self.log_limit,
+                poll_interval=min(self.cancel_poll_interval, 0.25),
+                forget=self._forget,
+            )
             system = await stack.enter_async_context(trio.open_nursery())
+            writer_scope = await system.start(writer.serve)
             system.start_soon(self._renew_leases)
             system.start_soon(self._watch_requests)
             # Exits run in reverse: the invocations' nursery is left first (waiting for them),
-            # then the background tasks are cancelled, then the store is closed.
+            # then the writer (shielded: it stores their endings) and the background tasks are
+            # cancelled, then the store is closed.
             stack.callback(system.cancel_scope.cancel)
+            stack.callback(writer_scope.cancel)
+            # The models the invocations use are opened on first use and closed once every
+            # invocation has ended.
+            self._models = await stack.enter_async_context(AsyncExitStack())
+            stack.callback(self._opened.clear)
             self._nursery = await stack.enter_async_context(trio.open_nursery())
             self._stack = stack.pop_all()
         return self
@@ -140,11 +209,18 @@ class Runner:
             return bool(await stack.__aexit__(*exc_info))
         finally:
             self._nursery = None
+            self._models = None
             self._store = None
+            self._env = None
 
     # ---- start, resume, cancel ----------------------------------------------------------
 
-    def start(
+    def _check_open(self) -> tuple[trio.Nursery, InvocationEnv]:
+        if self._nursery is None or self._env is None:
+            raise UsageError("the runner is not open; use `async with Runner(...) as runner:`")
+        return self._nursery, self._env
+
+    async def start(
         self,
         agent: AgentLike,
         input: str,
@@ -152,10 +228,23 @@ class Runner:
         user_id: str | None = None,
         session_id: str | None = None,
         invocation_id: str | None = None,
+        exclusive: bool = True,
     ) -> Invocation:
-        """Start an invocation and return it at once (it runs in the runner's nursery)."""
-        if self._nursery is None:
-            raise UsageError("the runner is not open; use `async with Runner(...) as runner:`")
+        """Start an invocation; return it once it is durable.
+
+        When this returns, the invocation record, its ``started`` event and (with a
+        ``session_id``) the user's message are in the store: any process sharing the store
+        can cancel, decide or follow it.  The invocation runs in the runner's nursery.
+
+        With ``max_active``, waits for a place first.  A session has at most one invocation
+        running at a time unless ``exclusive=False``.
+
+        Raises :class:`~trio_agents.UsageError` for a bad agent, input or id,
+        :class:`~trio_agents.SessionBusy` if the session has another invocation running, and
+        :class:`~trio_agents.StoreError` if the store cannot record it (nothing is left
+        behind).
+        """
+        nursery, env = self._check_open()
         if not callable(getattr(agent, "run", None)) or not isinstance(
             getattr(agent, "name", None), str
         ):
@@ -167,42 +256,66 @@ class Runner:
             raise UsageError(f"invocation {invocation_id!r} is already running in this runner")
         self._agents[agent.name] = agent
         inv = Invocation(
-            self,
+            env,
             agent,
             invocation_id=invocation_id,
             input=input,
             user_id=user_id,
             session_id=session_id,
-            journal=[],
-            lease=None,
-            last_seq=0,
+            resumed=False,
+            exclusive=exclusive,
         )
-        self._launch(inv)
+        await self._launch(nursery, inv)
         return inv
 
-    def _launch(self, inv: Invocation) -> None:
-        assert self._nursery is not None
+    async def _open_models(self, agent: AgentLike) -> None:
+        """Open the models ``agent`` uses that this runner does not hold open yet (they are
+        owned resources: the runner holds them until it closes)."""
+        assert self._models is not None
+        for model in models_of(agent):
+            if id(model) not in self._opened:
+                await self._models.enter_async_context(model)
+                self._opened[id(model)] = model
+
+    async def _launch(self, nursery: trio.Nursery, inv: Invocation) -> None:
+        if inv.id in self._active:
+            raise UsageError(f"invocation {inv.id!r} is already running in this runner")
+        await self._open_models(inv.agent)
         self._active[inv.id] = inv
-        self._nursery.start_soon(inv._main, name=f"invocation {inv.id}")
+        try:
+            if self._limiter is not None:
+                await self._limiter.acquire_on_behalf_of(inv)
+            await nursery.start(inv._main, name=f"invocation {inv.id}")
+        except BaseException:
+            self._forget(inv)
+            raise
 
     def _forget(self, inv: Invocation) -> None:
         if self._active.get(inv.id) is inv:
             del self._active[inv.id]
+            if self._limiter is not None:
+                # RuntimeError: it never got a place (its start was cancelled first).
+                with contextlib.suppress(RuntimeError):
+                    self._limiter.release_on_behalf_of(inv)
 
     async def run(self, agent: AgentLike, input: str, **kwargs: Any) -> Outcome:
         """Start an invocation and wait for its outcome."""
-        return await self.start(agent, input, **kwargs).wait()
+        return await (await self.start(agent, input, **kwargs)).wait()
 
-    async def resume(self, invocation_id: str, *, agent: AgentLike | None = None) -> Invocation:
-        """Continue an invocation from its journal, under the same id, in this process.
+    async def resume(
+        self, invocation_id: str, *, agent: AgentLike | None = None, exclusive: bool = True
+    ) -> Invocation:
+        """Continue an invocation from its journal, under the same id, in this process; return
+        it once its lease is taken and its ``started`` event (``resumed``) is stored.
 
-        Finished turns are not re-requested and recorded tool results are not re-run.
+        Finished turns are not re-requested and recorded tool results are not re-run.  Event
+        ids continue above every id the invocation ever published.
         Raises :class:`~trio_agents.InvocationNotFound`, :class:`~trio_agents.LeaseError` if
-        another process holds a live lease, :class:`~trio_agents.UsageError` if it completed
+        another process holds a live lease, :class:`~trio_agents.SessionBusy` if its session
+        has another invocation running, :class:`~trio_agents.UsageError` if it completed
         already, runs here already, or its agent is unknown to this runner.
         """
-        if self._nursery is None:
-            raise UsageError("the runner is not open; use `async with Runner(...) as runner:`")
+        nursery, env = self._check_open()
         if invocation_id in self._active:
             raise UsageError(f"invocation {invocation_id!r} is already running in this runner")
         record = await self.store.get_invocation(invocation_id)
@@ -215,21 +328,18 @@ class Runner:
                     f"invocation {invocation_id!r} was run by agent {record.agent!r}, which this "
                     "runner does not know; pass agent=... or Runner(agents=[...])"
                 )
-        lease = await self.store.acquire_lease(invocation_id, owner=self.owner, ttl=self.lease_ttl)
-        journal = await self.store.load_events(invocation_id)
-        last_seq = max([record.last_seq, *(e.seq for e in journal)])
         inv = Invocation(
-            self,
+            env,
             agent,
             invocation_id=invocation_id,
             input=record.input,
             user_id=record.user_id,
             session_id=record.session_id,
-            journal=journal,
-            lease=lease,
-            last_seq=last_seq,
+            resumed=True,
+            exclusive=exclusive,
+            head=(record.last_seq, record.last_sub),
         )
-        self._launch(inv)
+        await self._launch(nursery, inv)
         return inv
 
     def get(self, invocation_id: str) -> Invocation:
@@ -242,6 +352,19 @@ class Runner:
     def is_active(self, invocation_id: str) -> bool:
         """Whether an invocation with this id is running in this runner."""
         return invocation_id in self._active
+
+    def events(self, invocation_id: str, *, after_seq: int | str | EventId = 0) -> EventStream:
+        """Every event of any invocation in the store after ``after_seq`` (``41`` or
+        ``"41.3"``, e.g. an SSE ``Last-Event-ID``), then live: from this process's memory if
+        it runs here, else followed through the store.  See :class:`EventStream`."""
+        _, env = self._check_open()
+        return EventStream(
+            env.store,
+            invocation_id,
+            after_seq,
+            live=self._active.get(invocation_id),
+            poll_interval=env.poll_interval,
+        )
 
     def cancel(
         self,
@@ -271,10 +394,7 @@ class Runner:
         ``reason`` and ``by`` in the outcome.  ``False`` if the store knows no running
         invocation with that id.
         """
-        if mode not in _STRENGTH:
-            raise UsageError(
-                f"unknown cancel mode {mode!r}; use 'after_turn', 'after_tools' or 'immediate'"
-            )
+        check_cancel_mode(mode)
         by = by or self.owner
         inv = self._active.get(invocation_id)
         if inv is not None:
@@ -310,14 +430,8 @@ class Runner:
             raise UsageError(f"approved must be True or False, got {approved!r}")
         inv = self._active.get(invocation_id)
         if inv is None or not inv._parked_on(approval_id):
-            events = inv._log if inv is not None else await self.store.load_events(invocation_id)
-            asked = [e.approval_id for e in events if isinstance(e, ApprovalRequested)]
-            if approval_id not in asked:
-                raise UsageError(
-                    f"invocation {invocation_id!r} has no approval {approval_id!r}; "
-                    + (f"it asked for: {', '.join(asked)}" if asked else "it asked for none")
-                )
-            if any(isinstance(e, ApprovalDecided) and e.approval_id == approval_id for e in events):
+            events = await self.store.load_events(invocation_id)
+            if not check_decidable(invocation_id, approval_id, events):
                 return False
         decision = ApprovalDecision(
             invocation_id=invocation_id,
@@ -328,8 +442,8 @@ class Runner:
         )
         recorded = await self.store.record_decision(decision)
         inv = self._active.get(invocation_id)
-        if recorded and inv is not None:
-            inv._deliver(decision)
+        if recorded and inv is not None and inv._gates is not None:
+            inv._gates.deliver(decision)
         return recorded
 
     def cancel_all(
@@ -347,31 +461,43 @@ class Runner:
     # ---- background -----------------------------------------------------------------------
 
     async def _renew_leases(self) -> None:
-        """Renew the lease of every running invocation every third of ``lease_ttl``."""
+        """Renew the leases of all running invocations, in one store call, every third of
+        ``lease_ttl``.  A lease that cannot be renewed ends its invocation: at once when
+        the store says another owner has it, at the lease's local deadline otherwise."""
         while True:
             await trio.sleep(self.lease_ttl / 3)
-            for inv in list(self._active.values()):
-                lease = inv._lease
-                if lease is None or inv._outcome is not None:
-                    continue
-                try:
-                    inv._lease = await self.store.renew_lease(lease, ttl=self.lease_ttl)
-                except LeaseError as exc:
-                    inv.cancel("immediate", reason=f"lease lost: {exc}")
-                except StoreError as exc:  # down for now: try again next round
-                    logger.warning("could not renew the lease of %s: %s", inv.id, exc)
+            invs = [
+                inv
+                for inv in self._active.values()
+                if inv.recorder.lease is not None and inv.outcome is None
+            ]
+            if not invs:
+                continue
+            sent_at = trio.current_time()
+            leases = [inv.recorder.lease for inv in invs if inv.recorder.lease is not None]
+            try:
+                with trio.fail_after(self.lease_ttl / 3):
+                    results = await self.store.renew_leases(leases, ttl=self.lease_ttl)
+            except (StoreError, trio.TooSlowError) as exc:  # try again next round
+                logger.warning("could not renew %d leases: %s", len(leases), exc)
+                continue
+            for inv, result in zip(invs, results, strict=True):
+                if isinstance(result, LeaseError):
+                    inv.cancel("immediate", reason=f"lease lost: {result}")
+                else:
+                    inv._lease_renewed(result, sent_at)
 
     async def _watch_requests(self) -> None:
         """Apply the cancel requests and approval decisions that other processes persisted
-        for invocations running here."""
+        for invocations running here: one store call each per wake, for all of them."""
         while True:
             try:
                 await self.store.wait_for_requests(timeout=self.cancel_poll_interval)
                 if not self._active:
                     continue
                 requests = await self.store.cancel_requests(list(self._active))
-                waiting = [inv for inv in self._active.values() if inv._is_parked()]
-                decisions = [d for inv in waiting for d in await self.store.decisions(inv.id)]
+                parked = [i for i, inv in self._active.items() if inv._is_parked()]
+                decisions = await self.store.decisions_for(parked) if parked else []
             except StoreError as exc:  # the store is down: keep running, ask again later
                 logger.warning("could not read cancel requests or decisions: %s", exc)
                 await trio.sleep(self.cancel_poll_interval)
@@ -382,5 +508,5 @@ class Runner:
                     inv.cancel(request.mode, reason=request.reason, by=request.requested_by)
             for decision in decisions:
                 inv = self._active.get(decision.invocation_id)
-                if inv is not None:
-                    inv._deliver(decision)
+                if inv is not None and inv._gates is not None:
+                    inv._gates.deliver(decision)

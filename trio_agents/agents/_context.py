@@ -89,6 +89,11 @@ class RunContext(Protocol):
         """A safe point: raise :class:`StopRequested` if a safe-point cancel is due."""
         ...
 
+    def may_start_tool(self) -> bool:
+        """Whether a tool call may start now: ``False`` once an ``after_tools`` or
+        ``immediate`` cancel took effect (calls already running finish; no new one starts)."""
+        ...
+
     def stream_scope(self) -> AbstractContextManager[trio.CancelScope]:
         """A cancel scope around one model stream; ``after_tools`` cancels it.
 

@@ -40,6 +40,12 @@ UNKNOWN_OUTCOME = (
 )
 
 
+NOT_RUN = (
+    "not run: this call of tool {name!r} was not started because the invocation was asked to "
+    "stop before it began."
+)
+
+
 NOT_APPROVED = (
     "not approved: this call of tool {name!r} was not run because a person declined it"
     "{reason}. Do not call it again unless asked to."
@@ -176,6 +182,8 @@ class Agent:
         async with trio.open_nursery() as nursery:
             for call in calls:
                 nursery.start_soon(self._run_one, ctx, transcript, call, answers.get(call.id))
+        if any(c.id not in transcript.results for c in calls):
+            ctx.check_stop()  # a call was not started: the stop that prevented it is due
 
     async def _run_one(
         self,
@@ -204,8 +212,18 @@ class Agent:
                 is_error=True,
             )
         else:
+            if not ctx.may_start_tool():  # after_tools / immediate took effect: start nothing
+                return
             await ctx.record_tool_started(turn, call)
-            if found is None:
+            if not ctx.may_start_tool():  # ... while the intent was being journaled
+                await trio.lowlevel.checkpoint_if_cancelled()
+                result = ToolResult(
+                    call_id=call.id,
+                    name=call.name,
+                    content=NOT_RUN.format(name=call.name),
+                    is_error=True,
+                )
+            elif found is None:
                 known = ", ".join(sorted(self._tools)) or "none"
                 result = ToolResult(
                     call_id=call.id,

@@ -1,0 +1,116 @@
+"""Load: 500 invocations streaming on SQLite with slow writes, for more than two lease periods.
+
+Real time (the store works in threads).  While they stream, a monitor reads the database
+through a second store object and checks that every running invocation's lease is valid, and a
+second runner keeps trying to take running invocations over (it must always be refused).  Then
+all 500 are cancelled at once: every ending is stored, with no store error.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import trio
+
+from trio_agents import Agent, LeaseError, Runner
+from trio_agents.models import ScriptedModel
+from trio_agents.models.scripted import ScriptedTurn
+from trio_agents.stores import SQLiteStore
+
+T = TypeVar("T")
+
+N = 500
+LEASE_TTL = 3.0
+STREAM_FOR = 2.4 * LEASE_TTL
+WRITE_DELAY = 0.02  # every write transaction holds the database this much longer
+
+
+class SlowSQLiteStore(SQLiteStore):
+    """Every write transaction takes ``WRITE_DELAY`` longer, holding the write lock."""
+
+    def _transact(
+        self,
+        conn: sqlite3.Connection,
+        fn: Callable[[Any], T],
+        write: bool,
+        abort: threading.Event,
+    ) -> T:
+        if write:
+            time.sleep(WRITE_DELAY)
+        return super()._transact(conn, fn, write, abort)
+
+
+@pytest.mark.slow
+async def test_500_streaming_invocations_keep_their_leases_and_end_stored(tmp_path: Path) -> None:
+    """Renewal and endings are batched, so slow writes do not cost a lease or an ending."""
+    path = tmp_path / "load.db"
+    chunk_delay = 0.05
+    chunks = int(STREAM_FOR / chunk_delay) * 4  # more than the test waits for
+    model = ScriptedModel(
+        [ScriptedTurn(chunks=tuple(f"w{i} " for i in range(chunks)), delay=chunk_delay)],
+        repeat=True,
+    )
+    agent = Agent(name="streamer", model=model)
+    problems: list[str] = []
+    takeovers = 0
+
+    async with SlowSQLiteStore(path) as store, SQLiteStore(path) as observer:
+        async with Runner(store=store, lease_ttl=LEASE_TTL, owner="main") as runner:
+            invs = [await runner.start(agent, f"go {i}") for i in range(N)]
+            started = trio.current_time()
+
+            async def monitor() -> None:
+                while True:
+                    records = await observer.list_invocations(status="running", limit=N + 10)
+                    now = time.time()
+                    for r in records:
+                        if r.lease_expires_at <= now:
+                            problems.append(
+                                f"{r.id}: lease expired {now - r.lease_expires_at:.2f}s ago"
+                            )
+                    await trio.sleep(0.2)
+
+            async def intruder() -> None:
+                nonlocal takeovers
+                async with Runner(store=str_url(path), agents=[agent], owner="intruder") as other:
+                    i = 0
+                    while True:
+                        target = invs[i % N]
+                        i += 7
+                        try:
+                            await other.resume(target.id)
+                        except LeaseError:
+                            pass
+                        else:
+                            takeovers += 1
+                        await trio.sleep(0.05)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(monitor)
+                nursery.start_soon(intruder)
+                await trio.sleep_until(started + STREAM_FOR)
+                assert all(inv.is_active() for inv in invs), "an invocation ended by itself"
+                nursery.cancel_scope.cancel()
+            assert runner.cancel_all(reason="load test") == N
+            outcomes = [await inv.wait() for inv in invs]
+
+        assert not problems, problems[:5]
+        assert takeovers == 0
+        assert {o.status for o in outcomes} == {"cancelled"}
+        assert {o.reason for o in outcomes} == {"load test"}
+        assert [o.store_error for o in outcomes if o.store_error] == []
+        assert all(o.checkpoint_id for o in outcomes)
+        assert all(o.output.startswith("w0 w1") for o in outcomes)
+        stored = await observer.list_invocations(limit=N + 10)
+        assert {r.status for r in stored} == {"cancelled"}
+        assert len(stored) == N
+
+
+def str_url(path: Path) -> str:
+    return f"sqlite:///{path}"

@@ -1,0 +1,264 @@
+"""An invocation's recorder: event ids, the bounded live log, and the writes to the store.
+
+Ids (see :mod:`trio_agents.events`)
+    A durable event takes the next ``seq`` and is written (through the runner's
+    :class:`~._writer.JournalWriter`) *before* it is published.  An ephemeral event (a delta,
+    a cancel request) is published at once as ``(seq, sub + 1)`` and stored later, in a batch:
+    with the next durable write, or by the writer within its flush interval.  Ephemeral events
+    stamped while a durable write is in flight are held and published right after it, so the
+    log is always in id order.  If the durable write fails, its seq is given back and the held
+    events are renumbered under the previous one: no id is skipped or used twice.
+
+The live log
+    The published events, kept in memory for this process's readers, are bounded: events
+    already in the store are dropped beyond ``log_limit`` (readers that fall behind continue
+    from the store); events not yet stored are kept until they are (the writer stores them
+    within its flush interval).
+
+Cancel
+    A durable write's wait is shielded: once an event is handed to the store, its fate is known
+    before anything else happens, so a cancel never leaves an event stored but unpublished.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from typing import Any, Final, TypeVar
+
+import attrs
+import trio
+
+from ._exceptions import StoreError
+from ._writer import JournalWriter
+from .events import Event, EventId, InvocationEnded
+from .stores._base import JournalWrite, Lease, SessionEntry
+
+__all__ = ["PathText", "Recorder"]
+
+E = TypeVar("E", bound=Event)
+
+FLUSH_AT: Final = 256
+"""Pending deltas that make the writer flush at once rather than at its next interval."""
+
+
+def _key(event: Event) -> EventId:
+    return (event.seq, event.sub)
+
+
+class PathText:
+    """What one step path has said: the turn streaming now, and the last finished turn;
+    ``finished`` counts when the step finished (0: it has not)."""
+
+    __slots__ = ("finished", "last", "partial")
+
+    def __init__(self) -> None:
+        self.partial: list[str] = []
+        self.last = ""
+        self.finished = 0
+
+    def text(self) -> str:
+        return "".join(self.partial) or self.last
+
+
+class Recorder:
+    """Stamps, stores and publishes one invocation's events.  See the module docstring."""
+
+    __slots__ = (
+        "_before",
+        "_held",
+        "_lock",
+        "_lot",
+        "_seq",
+        "_sub",
+        "_writer",
+        "closed",
+        "floor",
+        "invocation_id",
+        "lease",
+        "log",
+        "log_limit",
+        "origin",
+        "paths",
+        "pending",
+        "store_error",
+        "stored",
+    )
+
+    def __init__(
+        self,
+        invocation_id: str,
+        *,
+        writer: JournalWriter,
+        head: EventId,
+        log_limit: int,
+    ) -> None:
+        self.invocation_id = invocation_id
+        self._writer = writer
+        self.lease: Lease | None = None
+        self._seq, self._sub = head[0], 0
+        self._before: EventId = (self._seq, 0)
+        self.origin: EventId = head  # where this run began: earlier ids are earlier runs'
+        self.floor: EventId = head  # every event up to here is in the store, not in the log
+        self.stored: EventId = head  # the greatest id known to be stored
+        self.log: list[Event] = []
+        self.log_limit = log_limit
+        self.pending: list[Event] = []  # published, not yet stored
+        self._held: list[Event] | None = None  # stamped while a durable write is in flight
+        self._lock = trio.Lock()
+        self._lot = trio.lowlevel.ParkingLot()
+        self.paths: dict[str, PathText] = {}
+        self.store_error: str | None = None
+        self.closed = False
+
+    def path_text(self, path: str) -> PathText:
+        text = self.paths.get(path)
+        if text is None:
+            text = self.paths[path] = PathText()
+        return text
+
+    # ---- reading ------------------------------------------------------------------------
+
+    def next_after(self, cursor: EventId) -> Event | None:
+        """The first logged event after ``cursor`` (which must be >= :attr:`floor`)."""
+        log = self.log
+        i = bisect.bisect_right(log, cursor, key=_key)
+        return log[i] if i < len(log) else None
+
+    async def wait(self) -> None:
+        """Park until the next event is published (or the log is closed)."""
+        await self._lot.park()
+
+    # ---- ephemeral events ---------------------------------------------------------------------
+
+    def stamp_ephemeral(self, cls: type[E], **fields: Any) -> E:
+        self._sub += 1
+        return cls(
+            invocation_id=self.invocation_id, seq=self._seq, sub=self._sub, at=time.time(), **fields
+        )
+
+    def publish_ephemeral(self, cls: type[E], **fields: Any) -> None:
+        """Stamp and publish an event that is stored later, in a batch."""
+        event = self.stamp_ephemeral(cls, **fields)
+        if self._held is not None:
+            self._held.append(event)
+        else:
+            self._publish_pending(event)
+
+    def _publish_pending(self, event: Event) -> None:
+        self.pending.append(event)
+        n = len(self.pending)
+        if n == 1 or n >= FLUSH_AT:
+            self._writer.mark_dirty(self, urgent=n >= FLUSH_AT)
+        self._publish(event)
+
+    def _publish(self, event: Event) -> None:
+        log = self.log
+        log.append(event)
+        if len(log) > 2 * self.log_limit:
+            self._trim()
+        self._lot.unpark_all()
+
+    def _trim(self) -> None:
+        log = self.log
+        keep_from = len(log) - self.log_limit
+        i = bisect.bisect_right(log, self.stored, key=_key)  # only stored events may go
+        cut = min(keep_from, i)
+        if cut > 0:
+            self.floor = _key(log[cut - 1])
+            del log[:cut]
+
+    # ---- the writer's side (DeltaSource) --------------------------------------------------
+
+    def take_deltas(self) -> tuple[JournalWrite | None, bool]:
+        if self._held is not None or not self.pending or self.lease is None:
+            return None, bool(self.pending)
+        deltas, self.pending = tuple(self.pending), []
+        return JournalWrite(lease=self.lease, deltas=deltas), False
+
+    def deltas_written(self, write: JournalWrite, error: StoreError | None) -> None:
+        if error is None:
+            self.stored = max(self.stored, _key(write.deltas[-1]))
+        elif self.store_error is None:
+            self.store_error = f"{type(error).__name__}: {error}"
+
+    # ---- durable events -----------------------------------------------------------------------
+
+    def stamp_durable(self, cls: type[E], **fields: Any) -> E:
+        self._before = (self._seq, self._sub)
+        self._seq += 1
+        self._sub = 0
+        return cls(invocation_id=self.invocation_id, seq=self._seq, at=time.time(), **fields)
+
+    def started(self, event: Event) -> None:
+        """``event`` (stamped with :meth:`stamp_durable`) was stored by the caller: publish."""
+        self.stored = _key(event)
+        self._publish(event)
+
+    async def record(self, cls: type[E], **fields: Any) -> E:
+        """Durable before visible: stamp, store (with the deltas before it), then publish.
+
+        Raises :class:`~trio_agents.StoreError` (nothing of the event was stored or shown).
+        """
+        async with self._lock:
+            event = self.stamp_durable(cls, **fields)
+            await self._write(event, None, deadline=float("inf"))
+            return event
+
+    # `timeout` bounds how long the store may take to *take* the write (see JournalWriter.write),
+    # not the call: a write being committed is always waited for, so its fate is known.
+    async def end(
+        self,
+        fields: dict[str, Any],
+        session_entry: SessionEntry | None,
+        *,
+        timeout: float,  # noqa: ASYNC109
+    ) -> tuple[InvocationEnded, str | None]:
+        """Store and publish the terminal event; return it and the store error, if any.
+
+        If it cannot be stored (within ``timeout`` for the store to take it), it is published
+        as an ephemeral event with no ``checkpoint_id``.  Call it shielded.
+        """
+        async with self._lock:
+            seq = self._seq + 1
+            event = self.stamp_durable(
+                InvocationEnded, checkpoint_id=f"{self.invocation_id}:{seq}", **fields
+            )
+            error: str | None = None
+            try:
+                await self._write(event, session_entry, deadline=trio.current_time() + timeout)
+            except StoreError as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                event = self.stamp_ephemeral(InvocationEnded, checkpoint_id=None, **fields)
+                self._publish(event)
+            self.closed = True
+            self._lot.unpark_all()
+            return event, error
+
+    async def _write(
+        self, event: Event, session_entry: SessionEntry | None, *, deadline: float
+    ) -> None:
+        assert self.lease is not None
+        deltas, self.pending = tuple(self.pending), []
+        self._held = []
+        write = JournalWrite(
+            lease=self.lease, events=(event,), deltas=deltas, session_entry=session_entry
+        )
+        try:
+            with trio.CancelScope(shield=True):
+                await self._writer.write(write, deadline=deadline)
+        except StoreError:
+            # Not stored: the seq goes back, and what was held is renumbered under the
+            # previous seq, after the deltas that were published before the failed write.
+            held, self._held = self._held, None
+            self._seq, self._sub = self._before
+            self.pending = [*deltas, *self.pending]
+            for old in held:
+                self._sub += 1
+                self._publish_pending(attrs.evolve(old, seq=self._seq, sub=self._sub))
+            raise
+        held, self._held = self._held, None
+        self.stored = (event.seq, 0)
+        self._publish(event)
+        for later in held:
+            self._publish_pending(later)

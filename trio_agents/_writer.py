@@ -1,0 +1,183 @@
+"""The journal writer: one task that commits every invocation's writes in group commits.
+
+Who owns it
+    A :class:`~trio_agents.Runner` runs one :class:`JournalWriter` in its own background
+    nursery, for the runner's whole life.  Every durable write of every invocation of that
+    runner (started, turns, tool intents and results, decisions, the terminal event, the
+    session's answer) and every flush of streamed deltas goes through it.
+
+What it does
+    Writes wait in a queue.  The task takes everything queued (up to ``max_batch`` writes),
+    adds the deltas that invocations have published since their last write, and commits them
+    with **one** :meth:`Store.commit` call - one transaction for many invocations.  500
+    invocations ending at once cost a few transactions, not 500.  Each write is fenced and
+    checked on its own inside the transaction: a rejected write changes nothing and fails only
+    its own waiter.
+
+What happens on cancel
+    The task runs in a shielded scope, so a cancel of the runner's block (Ctrl-C, shutdown)
+    does not stop it while invocations still write their endings; the runner cancels it when
+    every invocation has ended.  A commit that takes longer than ``commit_timeout`` is
+    cancelled (the store rolls it back) and fails its writes with
+    :class:`~trio_agents.StoreUnavailableError`.  A waiter that gives up (:meth:`write` with a
+    ``deadline``) withdraws its write if the task has not taken it yet, so a write either is
+    reported as failed or lands - never both.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Sequence
+from typing import Protocol
+
+import trio
+
+from ._exceptions import StoreError, StoreUnavailableError
+from .stores._base import JournalWrite, Store
+
+__all__ = ["DeltaSource", "JournalWriter"]
+
+logger = logging.getLogger("trio_agents.writer")
+
+
+class DeltaSource(Protocol):
+    """An invocation's recorder, as the writer sees it: deltas to flush between writes."""
+
+    def take_deltas(self) -> tuple[JournalWrite | None, bool]:
+        """The write that stores the deltas published since the last write (``None`` when
+        there are none or a durable write is in flight), and whether more may come."""
+        ...
+
+    def deltas_written(self, write: JournalWrite, error: StoreError | None) -> None: ...
+
+
+class _Slot:
+    __slots__ = ("done", "error", "source", "taken", "withdrawn", "write")
+
+    def __init__(self, write: JournalWrite, source: DeltaSource | None = None) -> None:
+        self.write = write
+        self.source = source
+        self.done = trio.Event()
+        self.error: StoreError | None = None
+        self.taken = False
+        self.withdrawn = False
+
+
+class JournalWriter:
+    """Commits journal writes in batches.  See the module docstring.
+
+    Args:
+        store: where the writes go.
+        commit_timeout: the longest one commit may take before its writes fail.
+        flush_interval: how long streamed deltas may wait before they are stored (they are
+            stored sooner with the invocation's next durable write).
+        max_batch: the most writes one transaction carries.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        commit_timeout: float,
+        flush_interval: float = 0.25,
+        max_batch: int = 512,
+    ) -> None:
+        self._store = store
+        self.commit_timeout = commit_timeout
+        self.flush_interval = flush_interval
+        self.max_batch = max_batch
+        self._queue: deque[_Slot] = deque()
+        self._dirty: dict[DeltaSource, None] = {}  # insertion-ordered set
+        self._wake = trio.Event()
+        self.commits = 0  # statistics: transactions made
+        self.writes = 0  # statistics: writes committed (or rejected)
+
+    # ---- for invocations ----------------------------------------------------------------
+
+    async def write(self, write: JournalWrite, *, deadline: float = float("inf")) -> None:
+        """Queue ``write`` and wait until it is committed; raise its error if it was not.
+
+        At ``deadline`` (trio time) a write the task has not taken yet is withdrawn and
+        :class:`~trio_agents.StoreUnavailableError` raised; one already being committed is
+        waited for (the commit itself is bounded by ``commit_timeout``).  Call it shielded
+        when the caller must know the write's fate whatever happens (the recorder does).
+        """
+        slot = _Slot(write)
+        self._queue.append(slot)
+        self._wake.set()
+        with trio.move_on_at(deadline):
+            await slot.done.wait()
+        if not slot.done.is_set():
+            if not slot.taken:
+                slot.withdrawn = True
+                raise StoreUnavailableError(
+                    "the store did not take the write in time; nothing was written"
+                )
+            await slot.done.wait()
+        if slot.error is not None:
+            raise slot.error
+
+    def mark_dirty(self, source: DeltaSource, *, urgent: bool = False) -> None:
+        """``source`` has deltas to store: at the next commit, or within ``flush_interval``."""
+        self._dirty[source] = None
+        if urgent:
+            self._wake.set()
+
+    # ---- the task ---------------------------------------------------------------------------
+
+    async def serve(self, *, task_status: trio.TaskStatus[trio.CancelScope]) -> None:
+        """Commit until cancelled through the scope handed to ``task_status``."""
+        with trio.CancelScope(shield=True) as scope:
+            task_status.started(scope)
+            while True:
+                if not self._queue:
+                    with trio.move_on_after(self.flush_interval if self._dirty else float("inf")):
+                        await self._wake.wait()
+                self._wake = trio.Event()
+                await self._commit_once()
+
+    async def _commit_once(self) -> None:
+        slots: list[_Slot] = []
+        while self._queue and len(slots) < self.max_batch:
+            slot = self._queue.popleft()
+            if not slot.withdrawn:
+                slot.taken = True
+                slots.append(slot)
+        if self._dirty:
+            dirty, self._dirty = self._dirty, {}
+            for source in dirty:
+                write, more = source.take_deltas()
+                if write is not None:
+                    slots.append(_Slot(write, source))
+                if more:
+                    self._dirty[source] = None
+        if not slots:
+            return
+        errors = await self._commit([s.write for s in slots])
+        self.commits += 1
+        self.writes += len(slots)
+        for slot, error in zip(slots, errors, strict=True):
+            slot.error = error
+            if slot.source is not None:
+                slot.source.deltas_written(slot.write, error)
+            slot.done.set()
+
+    async def _commit(self, writes: Sequence[JournalWrite]) -> list[StoreError | None]:
+        try:
+            with trio.fail_after(self.commit_timeout):
+                results = await self._store.commit(writes)
+            # A refusal that is not a StoreError (misuse) still fails only its own write.
+            return [
+                r if r is None or isinstance(r, StoreError) else StoreError(f"{r}") for r in results
+            ]
+        except trio.TooSlowError:
+            error: StoreError = StoreUnavailableError(
+                f"the store did not commit within {self.commit_timeout}s; nothing was written"
+            )
+        except StoreError as exc:
+            error = exc
+        except Exception as exc:  # a bug in a store must not strand every waiter
+            logger.exception("the store's commit failed")
+            error = StoreError(f"the store's commit failed: {type(exc).__name__}: {exc}")
+        return [error] * len(writes)
