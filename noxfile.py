@@ -1,4 +1,5 @@
-"""Developer tasks: ``nox -s tests``, ``nox -s lint``, ``nox -s bench``, ``nox -s demo``."""
+"""Developer tasks: ``nox -s tests``, ``nox -s lint``, ``nox -s bench``, ``nox -s fuzz``,
+``nox -s demo``."""
 
 from __future__ import annotations
 
@@ -31,6 +32,22 @@ def bench(session: nox.Session) -> None:
     session.install("-e", ".[dev]")
     for script in ("cancel_latency", "overhead", "memory", "journal"):
         session.run("python", "-m", f"benchmarks.{script}", *session.posargs)
+
+
+@nox.session
+def fuzz(session: nox.Session) -> None:
+    """The randomized cancel test at nightly size: thousands of scenarios per store (the suite
+    runs a couple of hundred).  ``-- -x`` stops at the first failure, which names its seed."""
+    session.install("-e", ".[dev]")
+    session.run(
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "tests/test_cancel_fuzz.py",
+        *session.posargs,
+        env={"TRIO_AGENTS_FUZZ": "5000", "TRIO_AGENTS_FUZZ_SQLITE": "1000"},
+    )
 
 
 @nox.session
