@@ -37,13 +37,13 @@ from trio_agents.stores import (
     ApprovalDecision,
     CancelRequest,
     InvocationRecord,
+    JournalWrite,
     Lease,
     PostgresStore,
     SessionEntry,
     SQLiteStore,
     Store,
 )
-from trio_agents.stores._base import JournalWrite
 from trio_agents.stores._records import decode_entry
 from trio_agents.stores._sql import MIGRATIONS
 from trio_agents.stores._threads import INTERRUPTER_NAME, WORKER_NAME
