@@ -528,7 +528,6 @@ async def test_a_running_invocation_holds_its_session(case: StoreCase) -> None:
         with pytest.raises(SessionBusy, match="'i3'"):
             await s.acquire_lease("i1", owner="b", ttl=30)
         assert (await s.get_invocation("i1")).status == "completed"
-        await s.acquire_lease("i1", owner="b", ttl=30, exclusive_session=False)
         await s.append_events(
             await s.acquire_lease("i1", owner="b", ttl=30, exclusive_session=False),
             [end("i1", 2)],
@@ -633,7 +632,7 @@ async def test_entry_fields_round_trip_and_v1_entries_read(case: StoreCase) -> N
             assert json.loads(rows[0][0])["v"] == 2
             await case.raw(
                 ("INSERT INTO session_entries (session_id, seq, data) VALUES (?, ?, ?)",
-                 ("s1", 2, V1_ENTRIES[1].replace('"seq":2', '"seq":2'))),
+                 ("s1", 2, V1_ENTRIES[1])),
                 "UPDATE sessions SET last_seq = 2",
             )  # fmt: skip
             entries = (await s.get_session("s1")).entries
