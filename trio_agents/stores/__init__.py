@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ._base import JSON as JSON
 from ._base import ApprovalDecision as ApprovalDecision
 from ._base import CancelRequest as CancelRequest
+from ._base import CommitResult as CommitResult
 from ._base import InvocationRecord as InvocationRecord
 from ._base import InvocationStatus as InvocationStatus
 from ._base import JournalWrite as JournalWrite
