@@ -26,7 +26,7 @@ The lease
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, Final
 
 import attrs
@@ -34,6 +34,7 @@ import trio
 
 from . import approvals
 from ._exceptions import SessionNotFound, UsageError
+from ._outcome import Outcome, history_of, leaf, partial_output, signals
 from ._recorder import Recorder
 from ._run_context import InvocationContext
 from ._stream import EventStream
@@ -50,7 +51,7 @@ from .events import (
     stronger_mode,
 )
 from .messages import AssistantMessage, Message, Usage, UserMessage
-from .stores._base import InvocationRecord, Lease, SessionEntry, Store
+from .stores._base import ApprovalDecision, InvocationRecord, Lease, SessionEntry, Store
 
 __all__ = ["EventStream", "Invocation", "InvocationEnv", "Outcome"]
 
@@ -72,99 +73,6 @@ class InvocationEnv:
     log_limit: int
     poll_interval: float
     forget: Callable[[Invocation], None]
-
-
-@attrs.frozen(kw_only=True)
-class Outcome:
-    """How an invocation ended.  Exactly one per invocation run; made from the terminal event.
-
-    Attributes:
-        status: ``completed``, ``failed``, ``cancelled`` or ``paused``.
-        output: the final answer when completed, else the partial output: what the steps
-            still running had said (one step's text; when several ran at once, a
-            ``Parallel``'s branches, each one's text labelled ``[path]``, in path order), or,
-            between steps, what the last finished step said.
-        partials: when not completed, what each step path said (``""`` is the top agent):
-            the turn it was streaming, else its last finished turn, or a finished step's
-            output.  Never interleaved.
-        error: what ended a failed invocation (serialisable); ``exception`` is the live
-            exception object (in this process only).
-        reason: why it was cancelled (the first reason given), or the failure's message.
-        usage: tokens of the finished turns.
-        checkpoint_id: the id of the durable terminal event (``None`` if the store could not
-            be written; ``store_error`` then says why).
-        cancel_requested: a cancel was asked for before the ending was decided.
-        cancel_mode: the strongest mode asked for.
-        cancelled_by: who asked first (``by=`` of the cancel, or the process that persisted a
-            cancel request), when they said.
-        pending_approvals: when ``paused``, the approvals it waits for.
-    """
-
-    invocation_id: str
-    status: Status
-    output: str = ""
-    partials: Mapping[str, str] = attrs.field(factory=dict, hash=False)
-    error: ErrorInfo | None = None
-    exception: BaseException | None = attrs.field(default=None, eq=False, repr=False)
-    reason: str | None = None
-    usage: Usage = Usage()
-    checkpoint_id: str | None = None
-    cancel_requested: bool = False
-    cancel_mode: CancelMode | None = None
-    cancelled_by: str | None = None
-    pending_approvals: tuple[str, ...] = ()
-    store_error: str | None = None
-
-
-def _signals(exc: Exception) -> list[Exception] | None:
-    """The stop and pause signals ``exc`` consists of (parallel workflow branches raise them
-    grouped), or ``None`` if it holds anything else."""
-    if isinstance(exc, (StopRequested, PauseRequested)):
-        return [exc]
-    if isinstance(exc, ExceptionGroup):
-        matched, rest = exc.split((StopRequested, PauseRequested))
-        if rest is None and matched is not None:
-            leaves: list[Exception] = []
-            for sub in matched.exceptions:
-                found = _signals(sub)
-                assert found is not None
-                leaves.extend(found)
-            return leaves
-    return None
-
-
-def _leaf(exc: BaseException) -> BaseException:
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
-
-
-def history_of(entries: Any, invocation_id: str) -> list[Message]:
-    """The conversation a session's entries hold, for the model: each earlier invocation's
-    question and its latest answer; an interrupted answer is marked so."""
-    messages: list[Message] = []
-    answers: dict[str, int] = {}  # invocation id -> index of its answer in messages
-    for entry in entries:
-        if entry.invocation_id == invocation_id or entry.message is None:
-            continue
-        message = entry.message
-        if entry.interrupted and isinstance(message, AssistantMessage):
-            note = f"[interrupted: {entry.reason}]" if entry.reason else "[interrupted]"
-            message = attrs.evolve(message, text=f"{message.text}\n\n{note}")
-        if isinstance(message, AssistantMessage) and entry.invocation_id is not None:
-            index = answers.get(entry.invocation_id)
-            if index is not None:  # a resumed invocation answered again: keep the latest
-                messages[index] = message
-                continue
-            answers[entry.invocation_id] = len(messages)
-        messages.append(message)
-    return messages
-
-
-def _joined(partials: Mapping[str, str]) -> str:
-    if len(partials) == 1:
-        return next(iter(partials.values()))
-    return "\n\n".join(f"[{path}]\n{text}" for path, text in sorted(partials.items()))
 
 
 class Invocation:
@@ -344,6 +252,10 @@ class Invocation:
             self._gates = approvals.Gates()
         return self._gates
 
+    def _deliver(self, decision: ApprovalDecision) -> bool:
+        """Hand a decision to the wait parked on it; ``False`` if none is."""
+        return self._gates is not None and self._gates.deliver(decision)
+
     def _is_parked(self) -> bool:
         return self._gates is not None and self._gates.is_parked()
 
@@ -389,16 +301,16 @@ class Invocation:
                 else:
                     status = "completed"
             except Exception as exc:
-                signals = _signals(exc)
-                if signals is None:
+                found = signals(exc)
+                if found is None:
                     status = "failed"
-                    error = _leaf(exc)
-                elif self._mode is not None or any(isinstance(s, StopRequested) for s in signals):
+                    error = leaf(exc)
+                elif self._mode is not None or any(isinstance(s, StopRequested) for s in found):
                     status = "cancelled"
                 else:
                     status = "paused"
                     pending = tuple(
-                        a for s in signals if isinstance(s, PauseRequested) for a in s.pending
+                        a for s in found if isinstance(s, PauseRequested) for a in s.pending
                     )
         finally:
             self._ending = True
@@ -481,15 +393,7 @@ class Invocation:
     ) -> None:
         partials: dict[str, str] = {}
         if status != "completed":
-            said = {p: t for p, t in self.recorder.paths.items() if t.text()}
-            partials = {p: t.text() for p, t in said.items()}
-            running = {p: partials[p] for p, t in said.items() if not t.finished}
-            if running:  # the work in progress
-                output = _joined(running)
-            elif said:  # between steps: what the last finished step said
-                output = partials[max(said, key=lambda p: said[p].finished)]
-            else:
-                output = ""
+            output, partials = partial_output(self.recorder.paths)
         if status == "failed" and error is not None:
             reason: str | None = f"{type(error).__name__}: {error}"
         elif status == "paused":

@@ -68,8 +68,11 @@ from typing import Any
 
 import trio
 
-from ._exceptions import InvocationNotFound, LeaseError, StoreError, UsageError
-from ._invocation import EventStream, Invocation, InvocationEnv, Outcome
+from ._exceptions import InvocationNotFound, UsageError
+from ._invocation import Invocation, InvocationEnv
+from ._outcome import Outcome
+from ._stream import EventStream
+from ._upkeep import renew_leases, watch_requests
 from ._writer import JournalWriter
 from .agents._context import AgentLike
 from .agents._models import models_of
@@ -187,8 +190,8 @@ class Runner:
             )
             system = await stack.enter_async_context(trio.open_nursery())
             writer_scope = await system.start(writer.serve)
-            system.start_soon(self._renew_leases)
-            system.start_soon(self._watch_requests)
+            system.start_soon(renew_leases, store, self._active, self.lease_ttl)
+            system.start_soon(watch_requests, store, self._active, self.cancel_poll_interval)
             # Exits run in reverse: the invocations' nursery is left first (waiting for them),
             # then the writer (shielded: it stores their endings) and the background tasks are
             # cancelled, then the store is closed.
@@ -442,8 +445,8 @@ class Runner:
         )
         recorded = await self.store.record_decision(decision)
         inv = self._active.get(invocation_id)
-        if recorded and inv is not None and inv._gates is not None:
-            inv._gates.deliver(decision)
+        if recorded and inv is not None:
+            inv._deliver(decision)
         return recorded
 
     def cancel_all(
@@ -457,56 +460,3 @@ class Runner:
         return sum(
             inv.cancel(mode, reason=reason, grace=grace) for inv in list(self._active.values())
         )
-
-    # ---- background -----------------------------------------------------------------------
-
-    async def _renew_leases(self) -> None:
-        """Renew the leases of all running invocations, in one store call, every third of
-        ``lease_ttl``.  A lease that cannot be renewed ends its invocation: at once when
-        the store says another owner has it, at the lease's local deadline otherwise."""
-        while True:
-            await trio.sleep(self.lease_ttl / 3)
-            invs = [
-                inv
-                for inv in self._active.values()
-                if inv.recorder.lease is not None and inv.outcome is None
-            ]
-            if not invs:
-                continue
-            sent_at = trio.current_time()
-            leases = [inv.recorder.lease for inv in invs if inv.recorder.lease is not None]
-            try:
-                with trio.fail_after(self.lease_ttl / 3):
-                    results = await self.store.renew_leases(leases, ttl=self.lease_ttl)
-            except (StoreError, trio.TooSlowError) as exc:  # try again next round
-                logger.warning("could not renew %d leases: %s", len(leases), exc)
-                continue
-            for inv, result in zip(invs, results, strict=True):
-                if isinstance(result, LeaseError):
-                    inv.cancel("immediate", reason=f"lease lost: {result}")
-                else:
-                    inv._lease_renewed(result, sent_at)
-
-    async def _watch_requests(self) -> None:
-        """Apply the cancel requests and approval decisions that other processes persisted
-        for invocations running here: one store call each per wake, for all of them."""
-        while True:
-            try:
-                await self.store.wait_for_requests(timeout=self.cancel_poll_interval)
-                if not self._active:
-                    continue
-                requests = await self.store.cancel_requests(list(self._active))
-                parked = [i for i, inv in self._active.items() if inv._is_parked()]
-                decisions = await self.store.decisions_for(parked) if parked else []
-            except StoreError as exc:  # the store is down: keep running, ask again later
-                logger.warning("could not read cancel requests or decisions: %s", exc)
-                await trio.sleep(self.cancel_poll_interval)
-                continue
-            for request in requests:
-                inv = self._active.get(request.invocation_id)
-                if inv is not None:
-                    inv.cancel(request.mode, reason=request.reason, by=request.requested_by)
-            for decision in decisions:
-                inv = self._active.get(decision.invocation_id)
-                if inv is not None and inv._gates is not None:
-                    inv._gates.deliver(decision)

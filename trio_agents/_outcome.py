@@ -1,0 +1,137 @@
+"""How an invocation ended: :class:`Outcome`, and the rules that turn what the agent raised
+or said into an ending (see :mod:`._invocation`).
+
+* :func:`signals` tells a stop or a pause (the agent loop's internal signals, grouped when
+  parallel branches raise them together) from a failure;
+* :func:`partial_output` picks what an unfinished run said: each step path apart, never
+  interleaved;
+* :func:`history_of` turns a session's entries into the conversation the model sees, an
+  interrupted answer marked as such.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
+
+import attrs
+
+from .agents._context import PauseRequested, StopRequested
+from .events import CancelMode, ErrorInfo, Status
+from .messages import AssistantMessage, Message, Usage
+
+if TYPE_CHECKING:
+    from ._recorder import PathText
+    from .stores._base import SessionEntry
+
+__all__ = ["Outcome", "history_of", "leaf", "partial_output", "signals"]
+
+
+@attrs.frozen(kw_only=True)
+class Outcome:
+    """How an invocation ended.  Exactly one per invocation run; made from the terminal event.
+
+    Attributes:
+        status: ``completed``, ``failed``, ``cancelled`` or ``paused``.
+        output: the final answer when completed, else the partial output: what the steps
+            still running had said (one step's text; when several ran at once, a
+            ``Parallel``'s branches, each one's text labelled ``[path]``, in path order), or,
+            between steps, what the last finished step said.
+        partials: when not completed, what each step path said (``""`` is the top agent):
+            the turn it was streaming, else its last finished turn, or a finished step's
+            output.  Never interleaved.
+        error: what ended a failed invocation (serialisable); ``exception`` is the live
+            exception object (in this process only).
+        reason: why it was cancelled (the first reason given), or the failure's message.
+        usage: tokens of the finished turns.
+        checkpoint_id: the id of the durable terminal event (``None`` if the store could not
+            be written; ``store_error`` then says why).
+        cancel_requested: a cancel was asked for before the ending was decided.
+        cancel_mode: the strongest mode asked for.
+        cancelled_by: who asked first (``by=`` of the cancel, or the process that persisted a
+            cancel request), when they said.
+        pending_approvals: when ``paused``, the approvals it waits for.
+    """
+
+    invocation_id: str
+    status: Status
+    output: str = ""
+    partials: Mapping[str, str] = attrs.field(factory=dict, hash=False)
+    error: ErrorInfo | None = None
+    exception: BaseException | None = attrs.field(default=None, eq=False, repr=False)
+    reason: str | None = None
+    usage: Usage = Usage()
+    checkpoint_id: str | None = None
+    cancel_requested: bool = False
+    cancel_mode: CancelMode | None = None
+    cancelled_by: str | None = None
+    pending_approvals: tuple[str, ...] = ()
+    store_error: str | None = None
+
+
+def signals(exc: Exception) -> list[Exception] | None:
+    """The stop and pause signals ``exc`` consists of (parallel workflow branches raise them
+    grouped), or ``None`` if it holds anything else."""
+    if isinstance(exc, (StopRequested, PauseRequested)):
+        return [exc]
+    if isinstance(exc, ExceptionGroup):
+        matched, rest = exc.split((StopRequested, PauseRequested))
+        if rest is None and matched is not None:
+            leaves: list[Exception] = []
+            for sub in matched.exceptions:
+                found = signals(sub)
+                assert found is not None
+                leaves.extend(found)
+            return leaves
+    return None
+
+
+def leaf(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def history_of(entries: Iterable[SessionEntry], invocation_id: str) -> list[Message]:
+    """The conversation a session's entries hold, for the model: each earlier invocation's
+    question and its latest answer; an interrupted answer is marked so."""
+    messages: list[Message] = []
+    answers: dict[str, int] = {}  # invocation id -> index of its answer in messages
+    for entry in entries:
+        if entry.invocation_id == invocation_id or entry.message is None:
+            continue
+        message = entry.message
+        if entry.interrupted and isinstance(message, AssistantMessage):
+            note = f"[interrupted: {entry.reason}]" if entry.reason else "[interrupted]"
+            message = attrs.evolve(message, text=f"{message.text}\n\n{note}")
+        if isinstance(message, AssistantMessage) and entry.invocation_id is not None:
+            index = answers.get(entry.invocation_id)
+            if index is not None:  # a resumed invocation answered again: keep the latest
+                messages[index] = message
+                continue
+            answers[entry.invocation_id] = len(messages)
+        messages.append(message)
+    return messages
+
+
+def joined(partials: Mapping[str, str]) -> str:
+    if len(partials) == 1:
+        return next(iter(partials.values()))
+    return "\n\n".join(f"[{path}]\n{text}" for path, text in sorted(partials.items()))
+
+
+def partial_output(paths: Mapping[str, PathText]) -> tuple[str, dict[str, str]]:
+    """``(output, partials)`` of a run that did not complete.
+
+    ``partials``: what each step path said.  ``output``: what the steps still running had
+    said (several at once - a ``Parallel``'s branches - each labelled ``[path]``), or, between
+    steps, what the last finished step said.
+    """
+    said = {p: t for p, t in paths.items() if t.text()}
+    partials = {p: t.text() for p, t in said.items()}
+    running = {p: partials[p] for p, t in said.items() if not t.finished}
+    if running:  # the work in progress
+        return joined(running), partials
+    if said:  # between steps: what the last finished step said
+        return partials[max(said, key=lambda p: said[p].finished)], partials
+    return "", partials

@@ -1,0 +1,77 @@
+"""The runner's upkeep: lease renewal and the watcher, each one store call per round for all of
+a runner's invocations, however many (see :mod:`.runner`).
+
+Both run in the runner's background nursery until it closes, and read the runner's registry
+of running invocations (``active``) without changing it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import trio
+
+from ._exceptions import LeaseError, StoreError
+from ._invocation import Invocation
+from .stores._base import Store
+
+__all__ = ["renew_leases", "watch_requests"]
+
+logger = logging.getLogger("trio_agents.runner")
+
+
+async def renew_leases(store: Store, active: Mapping[str, Invocation], lease_ttl: float) -> None:
+    """Renew the leases of all running invocations, in one store call, every third of
+    ``lease_ttl``.  A lease that cannot be renewed ends its invocation: at once when the store
+    says another owner has it, at the lease's local deadline otherwise."""
+    while True:
+        await trio.sleep(lease_ttl / 3)
+        held = [
+            (inv, lease)
+            for inv in active.values()
+            if inv.outcome is None and (lease := inv.recorder.lease) is not None
+        ]
+        if not held:
+            continue
+        invs = [inv for inv, _ in held]
+        leases = [lease for _, lease in held]
+        sent_at = trio.current_time()
+        try:
+            with trio.fail_after(lease_ttl / 3):
+                results = await store.renew_leases(leases, ttl=lease_ttl)
+        except (StoreError, trio.TooSlowError) as exc:  # try again next round
+            logger.warning("could not renew %d leases: %s", len(leases), exc)
+            continue
+        for inv, result in zip(invs, results, strict=True):
+            if isinstance(result, LeaseError):
+                inv.cancel("immediate", reason=f"lease lost: {result}")
+            else:
+                inv._lease_renewed(result, sent_at)
+
+
+async def watch_requests(
+    store: Store, active: Mapping[str, Invocation], poll_interval: float
+) -> None:
+    """Apply the cancel requests and approval decisions that other processes persisted for
+    invocations running here: one store call each per wake, for all of them."""
+    while True:
+        try:
+            await store.wait_for_requests(timeout=poll_interval)
+            if not active:
+                continue
+            requests = await store.cancel_requests(list(active))
+            parked = [i for i, inv in active.items() if inv._is_parked()]
+            decisions = await store.decisions_for(parked) if parked else []
+        except StoreError as exc:  # the store is down: keep running, ask again later
+            logger.warning("could not read cancel requests or decisions: %s", exc)
+            await trio.sleep(poll_interval)
+            continue
+        for request in requests:
+            inv = active.get(request.invocation_id)
+            if inv is not None:
+                inv.cancel(request.mode, reason=request.reason, by=request.requested_by)
+        for decision in decisions:
+            inv = active.get(decision.invocation_id)
+            if inv is not None:
+                inv._deliver(decision)
