@@ -169,7 +169,9 @@ class Invocation:
         The live part comes from memory; what this process no longer holds is read from the
         store.  A slow reader costs a cursor, never memory that grows.
         """
-        return EventStream(self._env.store, self.id, after_seq, live=self, this_run_only_ends=True)
+        return EventStream(
+            self._env.store, self.id, after_seq, live=self.recorder, this_run_only_ends=True
+        )
 
     async def wait(self) -> Outcome:
         """Wait for the end.  When this returns, nothing of the invocation is running."""
@@ -238,8 +240,30 @@ class Invocation:
         if grace is not None and mode != "immediate":
             self._scope.deadline = min(self._scope.deadline, trio.current_time() + grace)
 
+    # ---- the context's host (_run_context.ContextHost) ---------------------------------------
+
     def _stopping(self) -> bool:
         return self._mode is not None
+
+    def _history_so_far(self) -> list[Message]:
+        return self._history
+
+    def _track_stream(self, scope: trio.CancelScope, *, add: bool) -> None:
+        if not add:
+            self._stream_scopes.discard(scope)
+            return
+        self._stream_scopes.add(scope)
+        if self._mode in ("after_tools", "immediate"):
+            scope.cancel()
+
+    def _add_usage(self, usage: Usage) -> None:
+        self._usage = self._usage + usage
+
+    def _approval_timeout(self) -> float | None:
+        return self._env.approval_timeout
+
+    async def _stored_decisions(self) -> list[ApprovalDecision]:
+        return await self._env.store.decisions(self.id)
 
     def _tools_stopped(self) -> bool:
         """No new tool call may start (``after_tools`` or ``immediate`` took effect)."""

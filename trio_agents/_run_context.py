@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import trio
 
 from . import approvals
 from ._exceptions import UsageError
+from ._recorder import Recorder
 from .agents._context import ApprovalAnswer, StopRequested
 from .events import (
     ApprovalDecided,
@@ -28,13 +29,46 @@ from .events import (
     ToolCallStarted,
     TurnFinished,
 )
-from .messages import Message, ModelResponse, ToolCall, ToolResult
+from .messages import Message, ModelResponse, ToolCall, ToolResult, Usage
 from .stores._base import ApprovalDecision
 
-if TYPE_CHECKING:
-    from ._invocation import Invocation
+__all__ = ["ContextHost", "InvocationContext"]
 
-__all__ = ["InvocationContext"]
+
+class ContextHost(Protocol):
+    """What a context needs from the invocation it belongs to (the invocation implements it;
+    the context never sees the invocation's other parts, nor the runner)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def user_id(self) -> str | None: ...
+
+    @property
+    def recorder(self) -> Recorder: ...
+
+    def _history_so_far(self) -> Sequence[Message]: ...
+
+    def _stopping(self) -> bool:
+        """A cancel of any mode was asked for (a safe point must stop)."""
+        ...
+
+    def _tools_stopped(self) -> bool:
+        """``after_tools`` or ``immediate`` took effect: no tool call may start."""
+        ...
+
+    def _track_stream(self, scope: trio.CancelScope, *, add: bool) -> None:
+        """Register (or forget) a model stream's scope: ``after_tools`` cancels it."""
+        ...
+
+    def _add_usage(self, usage: Usage) -> None: ...
+
+    def _gates_made(self) -> approvals.Gates: ...
+
+    def _approval_timeout(self) -> float | None: ...
+
+    async def _stored_decisions(self) -> list[ApprovalDecision]: ...
 
 
 class InvocationContext:
@@ -42,7 +76,7 @@ class InvocationContext:
 
     __slots__ = ("_inv", "_rec", "_text", "input", "journal", "path")
 
-    def __init__(self, inv: Invocation, journal: Sequence[Event], path: str, input: str) -> None:
+    def __init__(self, inv: ContextHost, journal: Sequence[Event], path: str, input: str) -> None:
         self._inv = inv
         self._rec = inv.recorder
         self._text = inv.recorder.path_text(path)
@@ -60,7 +94,7 @@ class InvocationContext:
 
     @property
     def history(self) -> Sequence[Message]:
-        return self._inv._history
+        return self._inv._history_so_far()
 
     def child(self, step: str, input: str) -> InvocationContext:
         if not step or "/" in step:
@@ -75,7 +109,7 @@ class InvocationContext:
         return InvocationContext(self._inv, journal, path, input)
 
     def check_stop(self) -> None:
-        if self._inv._mode is not None:
+        if self._inv._stopping():
             raise StopRequested
 
     def may_start_tool(self) -> bool:
@@ -86,13 +120,11 @@ class InvocationContext:
         inv = self._inv
         self._text.partial = []
         with trio.CancelScope() as scope:
-            inv._stream_scopes.add(scope)
-            if inv._mode in ("after_tools", "immediate"):
-                scope.cancel()
+            inv._track_stream(scope, add=True)
             try:
                 yield scope
             finally:
-                inv._stream_scopes.discard(scope)
+                inv._track_stream(scope, add=False)
 
     def emit_text(self, turn: int, text: str) -> None:
         self._text.partial.append(text)
@@ -110,8 +142,7 @@ class InvocationContext:
             usage=response.usage,
             finish_reason=response.finish_reason,
         )
-        inv = self._inv
-        inv._usage = inv._usage + response.usage
+        self._inv._add_usage(response.usage)
         self._text.last = response.message.text
         self._text.partial = []
 
@@ -142,10 +173,10 @@ class InvocationContext:
 
     @property
     def approval_timeout(self) -> float | None:
-        return self._inv._env.approval_timeout
+        return self._inv._approval_timeout()
 
     async def stored_decisions(self) -> list[ApprovalDecision]:
-        return await self._inv._env.store.decisions(self._inv.id)
+        return await self._inv._stored_decisions()
 
     async def record_requested(
         self, path: str, turn: int, approval_id: str, call: ToolCall

@@ -23,15 +23,13 @@ It holds no resource across iterations: a memory-bounded buffer of at most one s
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import trio
 
+from ._recorder import Recorder
 from .events import Event, EventId, InvocationEnded, parse_event_id
 from .stores._base import Store
-
-if TYPE_CHECKING:
-    from ._invocation import Invocation
 
 __all__ = ["EventStream"]
 
@@ -52,7 +50,7 @@ class EventStream:
         invocation_id: str,
         after: int | str | EventId = 0,
         *,
-        live: Invocation | None = None,
+        live: Recorder | None = None,
         poll_interval: float = 0.25,
         this_run_only_ends: bool = False,
     ) -> None:
@@ -66,7 +64,7 @@ class EventStream:
         self._done = False
         # Invocation.events(): earlier runs' terminal events are replayed as skipped, so the
         # first "ended" a reader meets is this run's.
-        self._skip_until: EventId = live.recorder.origin if live and this_run_only_ends else (0, 0)
+        self._skip_until: EventId = live.origin if live and this_run_only_ends else (0, 0)
 
     @property
     def cursor(self) -> EventId:
@@ -89,9 +87,8 @@ class EventStream:
                     return self._returned(event, from_log=False)
             if self._done:
                 raise StopAsyncIteration
-            inv = self._live
-            if inv is not None:
-                rec = inv.recorder
+            rec = self._live
+            if rec is not None:
                 if self._cursor >= rec.floor:
                     event_or_none = rec.next_after(self._cursor)
                     if event_or_none is not None:

@@ -361,11 +361,12 @@ class Runner:
         ``"41.3"``, e.g. an SSE ``Last-Event-ID``), then live: from this process's memory if
         it runs here, else followed through the store.  See :class:`EventStream`."""
         _, env = self._check_open()
+        inv = self._active.get(invocation_id)
         return EventStream(
             env.store,
             invocation_id,
             after_seq,
-            live=self._active.get(invocation_id),
+            live=inv.recorder if inv is not None else None,
             poll_interval=env.poll_interval,
         )
 

@@ -22,7 +22,7 @@ has come.  Add a migration by appending to the list - never edit a released one.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Final, Protocol, cast
+from typing import Any, Final, cast
 
 import attrs
 
@@ -31,6 +31,7 @@ from ..events import CANCEL_MODES
 from ._base import ApprovalDecision, CancelRequest, InvocationRecord, InvocationStatus, Lease
 from ._records import lease_held, lease_taken, merge_cancel
 from ._sql_sessions import claim_session
+from ._sql_tx import Tx as Tx
 
 __all__ = ["CHUNK", "MIGRATIONS", "Tx", "chunks", "fenced", "locked", "migrate", "record_of"]
 
@@ -120,33 +121,6 @@ _COLUMNS: Final = (
 CHUNK: Final = 500
 """Ids per ``IN (...)`` list: well under SQLite's limit of bound parameters."""
 _STATUSES: Final = frozenset({"running", "completed", "failed", "cancelled", "paused"})
-
-
-class Tx(Protocol):
-    """One open transaction, as the operations see it."""
-
-    for_update: str
-    """``" FOR UPDATE"`` where the database locks rows that way (PostgreSQL), else ``""``."""
-
-    def now(self) -> float:
-        """The store's clock (Unix seconds), read once per transaction."""
-        ...
-
-    def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
-
-    def run(self, sql: str, params: Sequence[Any] = ()) -> int:
-        """Execute a statement; return the number of rows it changed."""
-        ...
-
-    def run_many(self, sql: str, params: Sequence[Sequence[Any]]) -> None: ...
-
-    def notify(self, invocation_id: str) -> None:
-        """Wake other processes' :meth:`Store.wait_for_requests`, on commit."""
-        ...
-
-    def notify_events(self, invocation_id: str) -> None:
-        """Wake :meth:`Store.wait_for_events` of this invocation (any process), on commit."""
-        ...
 
 
 def chunks(ids: Sequence[str]) -> list[tuple[list[str], str]]:

@@ -9,7 +9,7 @@ every start of an invocation of a session takes it first.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._exceptions import SessionNotFound, UsageError
 from ._base import JSON, Session, SessionEntry
@@ -23,9 +23,7 @@ from ._records import (
     next_entry,
     session_busy,
 )
-
-if TYPE_CHECKING:
-    from ._sql import Tx
+from ._sql_tx import Tx
 
 __all__ = [
     "append_entry",

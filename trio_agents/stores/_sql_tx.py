@@ -1,0 +1,36 @@
+"""The transaction the SQL store operations run in, as they see it (SQLite's and PostgreSQL's
+adapters implement it: ``sqlite._Tx``, ``_pg_tx``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+__all__ = ["Tx"]
+
+
+class Tx(Protocol):
+    """One open transaction, as the operations see it."""
+
+    for_update: str
+    """``" FOR UPDATE"`` where the database locks rows that way (PostgreSQL), else ``""``."""
+
+    def now(self) -> float:
+        """The store's clock (Unix seconds), read once per transaction."""
+        ...
+
+    def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
+
+    def run(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Execute a statement; return the number of rows it changed."""
+        ...
+
+    def run_many(self, sql: str, params: Sequence[Sequence[Any]]) -> None: ...
+
+    def notify(self, invocation_id: str) -> None:
+        """Wake other processes' :meth:`Store.wait_for_requests`, on commit."""
+        ...
+
+    def notify_events(self, invocation_id: str) -> None:
+        """Wake :meth:`Store.wait_for_events` of this invocation (any process), on commit."""
+        ...
