@@ -22,6 +22,12 @@ EXPECTED = {
     ],
     "overhead": [r"bare httpx2 [\d.]+ ms \| trio_agents [\d.]+ ms \| ratio [\d.]+x"],
     "memory": [r"bare httpx2 [\d.]+ KiB .* \| trio_agents [\d.]+ KiB .* \| [\d.]+x"],
+    "flat_costs": [
+        rf"{store} +n=100 +renew: [\d.]+ calls?/round [\d.]+ ms \([\d.]+ us/inv\) \| watch: "
+        r"[\d.]+ calls?/wake [\d.]+ ms \| per-invocation calls \(old design\): 100 in [\d.]+ ms"
+        r" \| teardown [\d.]+ ms"
+        for store in ("memory", "sqlite")
+    ],
     "journal": [r"sqlite +\d+ writes/s \| resume of a 40-turn journal +[\d.]+ ms"],
 }
 
