@@ -37,11 +37,18 @@ async def renew_leases(store: Store, active: Mapping[str, Invocation], lease_ttl
         invs = [inv for inv, _ in held]
         leases = [lease for _, lease in held]
         sent_at = trio.current_time()
-        try:
-            with trio.fail_after(lease_ttl / 3):
+        with trio.move_on_after(lease_ttl / 3) as slow:
+            try:
                 results = await store.renew_leases(leases, ttl=lease_ttl)
-        except (StoreError, trio.TooSlowError) as exc:  # try again next round
-            logger.warning("could not renew %d leases: %s", len(leases), exc)
+            except StoreError as exc:  # try again next round
+                logger.warning("could not renew %d leases: %s", len(leases), exc)
+                continue
+        if slow.cancelled_caught:
+            logger.warning(
+                "could not renew %d leases: the store took longer than %.1fs; trying again",
+                len(leases),
+                lease_ttl / 3,
+            )
             continue
         for inv, result in zip(invs, results, strict=True):
             if isinstance(result, LeaseError):
