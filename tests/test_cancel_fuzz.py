@@ -13,6 +13,10 @@ what was cancelled.  After every run it checks:
 * no tool started once an ``after_tools`` / ``immediate`` cancel had taken effect;
 * no task of the invocation and no model stream left once ``wait()`` returned.
 
+A second test cancels the runner's whole block (a shutdown) at a random moment while several
+invocations run: each ends exactly once, stored, ``cancelled`` with reason ``shutdown`` unless
+it had finished, its ids without a gap.
+
 The suite runs ``TRIO_AGENTS_FUZZ`` scenarios per store (default 150 on memory, 40 on SQLite);
 ``nox -s fuzz`` runs thousands.  A failure names its seed: re-run it with
 ``TRIO_AGENTS_FUZZ_SEED=<seed>``.
@@ -69,6 +73,7 @@ class Watch:
 
     running: int = 0
     started: int = 0
+    models: list[ScriptedModel] = attrs.field(factory=list)
     violations: list[str] = attrs.field(factory=list)
     invocation: Any = None
 
@@ -149,7 +154,9 @@ def make_agent(rng: random.Random, name: str, watch: Watch, scale: float, thread
         done = sum(1 for m in request.messages if m.kind == "assistant")
         return turns[min(done, len(turns) - 1)]
 
-    return Agent(name=name, model=ScriptedModel(script), tools=make_tools(watch, scale, threads))
+    model = ScriptedModel(script)
+    watch.models.append(model)
+    return Agent(name=name, model=model, tools=make_tools(watch, scale, threads))
 
 
 def make_target(rng: random.Random, watch: Watch, scale: float, threads: bool) -> AgentLike:
@@ -221,6 +228,7 @@ async def run_scenario(seed: int, store: Store, scale: float, *, threads: bool) 
                     inv.cancel(mode, grace=grace, reason=f"r-{mode}")
             outcome = await inv.wait()
         assert watch.running == 0, f"{where}: a tool still runs after wait()"
+        assert all(m.open_streams == 0 for m in watch.models), f"{where}: a stream is open"
         assert not any(n.startswith("invocation ") for n in live_task_names()), where
         stored = await store.read_events(inv.id)
         check_ids(seen, where)
@@ -244,6 +252,43 @@ async def run_scenario(seed: int, store: Store, scale: float, *, threads: bool) 
             run2 = [e for e in again if (e.seq, e.sub) > (seen[-1].seq, seen[-1].sub)]
             check_run(run2, stored, second, where + " (resumed)")
             assert not watch.violations, f"{where}: {watch.violations}"
+
+
+async def run_shutdown(seed: int) -> None:
+    """Many invocations; the runner's block is cancelled at a random moment (a shutdown)."""
+    rng = random.Random(seed)
+    watch = Watch()
+    store = SlowStore(MemoryStore(), rng, scale=0.05 * rng.choice([0, 0.5, 2]))
+    ids: list[str] = []
+    with trio.CancelScope() as shutdown:
+        async with Runner(store=store, lease_ttl=3600) as runner:
+            for i in range(rng.randint(1, 6)):
+                target = make_target(rng, watch, 0.05, False)
+                ids.append((await runner.start(target, "go", invocation_id=f"{seed}-{i}")).id)
+            await trio.sleep(rng.random() * 0.5)
+            shutdown.cancel()
+    for invocation_id in ids:
+        where = f"seed {seed}, {invocation_id}"
+        stored = await store.read_events(invocation_id)
+        check_ids(stored, where)
+        ends = [e for e in stored if isinstance(e, InvocationEnded)]
+        assert len(ends) == 1, f"{where}: {len(ends)} terminal events"
+        assert stored[-1] is ends[0], f"{where}: the terminal event is not last"
+        if ends[0].status == "cancelled":
+            assert ends[0].reason == "shutdown", where
+        record = await store.get_invocation(invocation_id)
+        assert record.status == ends[0].status, where
+    assert watch.running == 0
+    assert all(m.open_streams == 0 for m in watch.models)
+
+
+async def test_random_shutdowns_memory(autojump_clock: trio.abc.Clock) -> None:
+    """The runner's block cancelled at a random moment: every invocation ends once, stored,
+    ``shutdown``, with no gap in its ids."""
+    for seed in seeds(SCENARIOS_MEMORY // 3, 500_000):
+        with trio.move_on_after(600) as hung:
+            await run_shutdown(seed)
+        assert not hung.cancelled_caught, f"seed {seed} did not end"
 
 
 def seeds(count: int, base: int) -> list[int]:
