@@ -23,6 +23,7 @@ from ._sql import Tx, chunks, fenced
 from ._sql_sessions import append_entry, claim_session, ensure_session
 
 __all__ = [
+    "Rejected",
     "append_events",
     "commit",
     "create_invocation",
@@ -132,7 +133,22 @@ def _lock_in_order(tx: Tx, writes: Sequence[JournalWrite]) -> None:
         tx.rows(f"SELECT 1 FROM sessions WHERE id IN ({marks}) ORDER BY id{tx.for_update}", chunk)
 
 
+class Rejected(Exception):
+    """A commit of ONE write was refused: the transaction rolls back (so nothing of it is
+    written, without a savepoint) and the store returns ``error`` in the write's slot."""
+
+    def __init__(self, error: StoreError | UsageError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 def commit(tx: Tx, writes: Sequence[JournalWrite]) -> list[CommitResult]:
+    if len(writes) == 1:  # the common case: no savepoint, no separate lock round trip
+        try:
+            _apply(tx, writes[0])
+        except (StoreError, UsageError) as exc:
+            raise Rejected(exc) from exc
+        return [None]
     if tx.for_update:  # row locks: take them all first, in the one order (see the docstring)
         _lock_in_order(tx, writes)
     results: list[CommitResult] = []

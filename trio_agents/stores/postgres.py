@@ -402,7 +402,10 @@ class PostgresStore:
         return await self._run(partial(_sql.renew_leases, leases=list(leases), ttl=ttl))
 
     async def commit(self, writes: Sequence[JournalWrite]) -> list[CommitResult]:
-        return await self._run(partial(_sql_journal.commit, writes=list(writes)))
+        try:
+            return await self._run(partial(_sql_journal.commit, writes=list(writes)))
+        except _sql_journal.Rejected as exc:  # one write, refused: rolled back, nothing written
+            return [exc.error]
 
     async def append_events(self, lease: Lease, events: Sequence[Event]) -> None:
         await self._run(partial(_sql_journal.append_events, lease=lease, events=list(events)))

@@ -338,7 +338,10 @@ class SQLiteStore:
         return await self._run(partial(_sql.renew_leases, leases=list(leases), ttl=ttl), write=True)
 
     async def commit(self, writes: Sequence[JournalWrite]) -> list[CommitResult]:
-        return await self._run(partial(_sql_journal.commit, writes=list(writes)), write=True)
+        try:
+            return await self._run(partial(_sql_journal.commit, writes=list(writes)), write=True)
+        except _sql_journal.Rejected as exc:  # one write, refused: rolled back, nothing written
+            return [exc.error]
 
     async def append_events(self, lease: Lease, events: Sequence[Event]) -> None:
         await self._run(
