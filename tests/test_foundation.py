@@ -410,3 +410,42 @@ async def test_max_active_admits_at_most_that_many(autojump_clock: trio.abc.Cloc
         runner.cancel_all()
     with pytest.raises(ta.UsageError, match="max_active"):
         Runner(max_active=0)
+
+
+@pytest.mark.parametrize("landed", [True, False])
+async def test_a_commit_cut_off_at_its_timeout_never_costs_an_id(
+    landed: bool, autojump_clock: trio.abc.Clock
+) -> None:
+    """The writer cancels a commit that takes longer than its timeout.  Whether it landed
+    just before (the store answers late) or not, no id is used twice and the store and the
+    subscriber agree."""
+
+    class LateOnce(Wrapped):
+        late = True
+
+        async def commit(self, writes: Sequence[JournalWrite]) -> list[Any]:
+            if self.late and any(isinstance(e, TurnFinished) for w in writes for e in w.events):
+                self.late = False
+                if landed:
+                    result: list[Any] = await self._inner.commit(writes)
+                    await trio.sleep(60)  # committed, but the answer comes too late
+                    return result
+                await trio.sleep(60)  # cut off before it reached the store
+            result = await self._inner.commit(writes)
+            return result
+
+    store = LateOnce(MemoryStore())
+    agent = Agent(name="a", model=ScriptedModel([ScriptedTurn.text("one two", pieces=2)]))
+    async with Runner(store=store, cleanup_timeout=1) as runner:
+        inv = await runner.start(agent, "go")
+        seen = [e async for e in inv.events()]
+        outcome = await inv.wait()
+    stored = await store.read_events(inv.id)
+    assert ids(seen) == sorted(set(ids(seen)))
+    assert seen == stored
+    if landed:
+        assert (outcome.status, outcome.store_error) == ("completed", None)
+        assert outcome.output == "one two"
+    else:
+        assert outcome.status == "failed"
+        assert "did not answer within 1" in (outcome.reason or "")

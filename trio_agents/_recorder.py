@@ -30,7 +30,7 @@ import attrs
 import trio
 
 from ._exceptions import StoreError
-from ._writer import JournalWriter
+from ._writer import CommitUncertain, JournalWriter
 from .events import Event, EventId, InvocationEnded
 from .stores._base import JournalWrite, Lease, SessionEntry
 
@@ -71,6 +71,7 @@ class Recorder:
         "_lot",
         "_seq",
         "_sub",
+        "_uncertain",
         "_writer",
         "closed",
         "floor",
@@ -105,6 +106,7 @@ class Recorder:
         self.log_limit = log_limit
         self.pending: list[Event] = []  # published, not yet stored
         self._held: list[Event] | None = None  # stamped while a durable write is in flight
+        self._uncertain = False  # a write's fate is unknown: ids are never given back
         self._lock = trio.Lock()
         self._lot = trio.lowlevel.ParkingLot()
         self.paths: dict[str, PathText] = {}
@@ -246,11 +248,20 @@ class Recorder:
         )
         try:
             with trio.CancelScope(shield=True):
-                await self._writer.write(write, deadline=deadline)
+                try:
+                    await self._writer.write(write, deadline=deadline)
+                except CommitUncertain:
+                    if not await self._landed(event):
+                        raise
         except StoreError:
+            held, self._held = self._held, None
+            if self._uncertain:  # it may be in the store: never give its seq to another event
+                self.pending = [*deltas, *self.pending]
+                for later in held:
+                    self._publish_pending(later)
+                raise
             # Not stored: the seq goes back, and what was held is renumbered under the
             # previous seq, after the deltas that were published before the failed write.
-            held, self._held = self._held, None
             self._seq, self._sub = self._before
             self.pending = [*deltas, *self.pending]
             for old in held:
@@ -262,3 +273,12 @@ class Recorder:
         self._publish(event)
         for later in held:
             self._publish_pending(later)
+
+    async def _landed(self, event: Event) -> bool:
+        """After a cancelled commit: did ``event`` reach the store after all?  Sets
+        ``_uncertain`` when the store cannot say."""
+        head = await self._writer.head(self.invocation_id)
+        if head is None:
+            self._uncertain = True
+            return False
+        return head >= (event.seq, 0)

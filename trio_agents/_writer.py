@@ -36,9 +36,14 @@ import trio
 from ._exceptions import StoreError, StoreUnavailableError
 from .stores._base import JournalWrite, Store
 
-__all__ = ["DeltaSource", "JournalWriter"]
+__all__ = ["CommitUncertain", "DeltaSource", "JournalWriter"]
 
 logger = logging.getLogger("trio_agents.writer")
+
+
+class CommitUncertain(StoreUnavailableError):
+    """A commit was cancelled at ``commit_timeout``: the store may have committed it just
+    before.  Whoever wrote must look at the store before reusing anything it sent."""
 
 
 class DeltaSource(Protocol):
@@ -118,6 +123,17 @@ class JournalWriter:
         if slot.error is not None:
             raise slot.error
 
+    async def head(self, invocation_id: str) -> tuple[int, int] | None:
+        """The store's head of an invocation (its greatest stored id), or ``None`` if the store
+        cannot say within ``commit_timeout``.  Call it shielded."""
+        with trio.move_on_after(self.commit_timeout):
+            try:
+                record = await self._store.get_invocation(invocation_id)
+            except StoreError:
+                return None
+            return (record.last_seq, record.last_sub)
+        return None
+
     def mark_dirty(self, source: DeltaSource, *, urgent: bool = False) -> None:
         """``source`` has deltas to store: at the next commit, or within ``flush_interval``."""
         self._dirty[source] = None
@@ -172,8 +188,9 @@ class JournalWriter:
                 r if r is None or isinstance(r, StoreError) else StoreError(f"{r}") for r in results
             ]
         except trio.TooSlowError:
-            error: StoreError = StoreUnavailableError(
-                f"the store did not commit within {self.commit_timeout}s; nothing was written"
+            error: StoreError = CommitUncertain(
+                f"the store did not answer within {self.commit_timeout}s; the commit was "
+                "cancelled, and may or may not have landed"
             )
         except StoreError as exc:
             error = exc
