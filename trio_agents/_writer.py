@@ -188,6 +188,11 @@ class JournalWriter:
                 r if r is None or isinstance(r, StoreError) else StoreError(f"{r}") for r in results
             ]
         except trio.TooSlowError:
+            logger.warning(
+                "a commit of %d writes took longer than %ss and was cancelled",
+                len(writes),
+                self.commit_timeout,
+            )
             error: StoreError = CommitUncertain(
                 f"the store did not answer within {self.commit_timeout}s; the commit was "
                 "cancelled, and may or may not have landed"
