@@ -17,8 +17,9 @@ A second test cancels the runner's whole block (a shutdown) at a random moment w
 invocations run: each ends exactly once, stored, ``cancelled`` with reason ``shutdown`` unless
 it had finished, its ids without a gap.
 
-The suite runs ``TRIO_AGENTS_FUZZ`` scenarios per store (default 150 on memory, 40 on SQLite);
-``nox -s fuzz`` runs thousands.  A failure names its seed: re-run it with
+The suite runs ``TRIO_AGENTS_FUZZ`` scenarios on memory (default 240, and a third as many
+shutdowns) and ``TRIO_AGENTS_FUZZ_SQLITE`` on SQLite (default 40); ``nox -s fuzz`` runs
+thousands.  A failure names its seed: re-run it with
 ``TRIO_AGENTS_FUZZ_SEED=<seed>``.
 """
 
@@ -45,7 +46,7 @@ from trio_agents.stores import JournalWrite, MemoryStore, SQLiteStore, Store
 
 from ._helpers import live_task_names
 
-SCENARIOS_MEMORY = int(os.environ.get("TRIO_AGENTS_FUZZ", "150"))
+SCENARIOS_MEMORY = int(os.environ.get("TRIO_AGENTS_FUZZ", "240"))
 SCENARIOS_SQLITE = int(os.environ.get("TRIO_AGENTS_FUZZ_SQLITE", "40"))
 ONE_SEED = os.environ.get("TRIO_AGENTS_FUZZ_SEED")
 MODES: tuple[CancelMode, ...] = ("after_turn", "after_tools", "immediate")

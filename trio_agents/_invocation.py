@@ -5,11 +5,12 @@ It gets what it needs from the runner as one small record, :class:`InvocationEnv
 runner itself.  The agent sees it through :class:`~._run_context.InvocationContext`.
 
 Start (durable before it returns)
-    ``_main`` is started with ``nursery.start``: it writes the invocation record, its
-    ``started`` event and the user's message in the session in one transaction (a resume:
-    takes the lease and journals ``started``) and only then reports started.  A failure there
-    (``SessionBusy``, ``LeaseError``, a store error) is raised to the caller of ``start`` and
-    leaves nothing behind.
+    ``_open`` runs in the caller's task: it writes the invocation record, its ``started`` event
+    and the user's message in the session in one transaction (a resume: takes the lease and
+    journals ``started``); only then does the runner start ``_main`` in its nursery.  A
+    failure there (``SessionBusy``, ``LeaseError``, a store error) is raised to the caller of
+    ``start`` and leaves nothing behind; so does a cancel of the caller (the store's write is
+    one transaction).
 
 The one ending
     When the body returns or raises, ``_ending`` is set first: from then on a cancel is too late
@@ -49,6 +50,7 @@ from .events import (
     Status,
     TurnFinished,
     check_cancel_mode,
+    mode_reaches,
     stronger_mode,
 )
 from .messages import AssistantMessage, Message, Usage, UserMessage
@@ -257,7 +259,7 @@ class Invocation:
             self._stream_scopes.discard(scope)
             return
         self._stream_scopes.add(scope)
-        if self._mode in ("after_tools", "immediate"):
+        if mode_reaches(self._mode, "after_tools"):
             scope.cancel()
 
     def _add_usage(self, usage: Usage) -> None:
@@ -271,7 +273,7 @@ class Invocation:
 
     def _tools_stopped(self) -> bool:
         """No new tool call may start (``after_tools`` or ``immediate`` took effect)."""
-        return self._mode in ("after_tools", "immediate") or self._scope.cancel_called
+        return mode_reaches(self._mode, "after_tools") or self._scope.cancel_called
 
     # ---- approvals (the runner's side) ------------------------------------------------------
 
@@ -305,12 +307,8 @@ class Invocation:
 
     # ---- the task -----------------------------------------------------------------------------
 
-    async def _main(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        await self._open()
-        task_status.started()
-        # The status holds the nursery `start` used until then; this frame lives as long as the
-        # invocation, so let it go (2 KiB per parked invocation).
-        del task_status
+    async def _main(self) -> None:
+        """The invocation's task, started once :meth:`_open` made it durable."""
         status: Status | None = None
         output = ""
         error: BaseException | None = None

@@ -16,8 +16,9 @@ The live log
     within its flush interval).
 
 Cancel
-    A durable write's wait is shielded: once an event is handed to the store, its fate is known
-    before anything else happens, so a cancel never leaves an event stored but unpublished.
+    A durable write is shielded (:meth:`JournalWriter.write`): once an event is handed to the
+    store, its fate is known before anything else happens, so a cancel never leaves an event
+    stored but unpublished.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class Recorder:
         "_lot",
         "_seq",
         "_sub",
+        "_trim_at",
         "_uncertain",
         "_writer",
         "closed",
@@ -104,6 +106,7 @@ class Recorder:
         self.stored: EventId = head  # the greatest id known to be stored
         self.log: list[Event] = []
         self.log_limit = log_limit
+        self._trim_at = 2 * log_limit
         self.pending: list[Event] = []  # published, not yet stored
         self._held: list[Event] | None = None  # stamped while a durable write is in flight
         self._uncertain = False  # a write's fate is unknown: ids are never given back
@@ -140,12 +143,25 @@ class Recorder:
         )
 
     def publish_ephemeral(self, cls: type[E], **fields: Any) -> None:
-        """Stamp and publish an event that is stored later, in a batch."""
-        event = self.stamp_ephemeral(cls, **fields)
+        """Stamp and publish an event that is stored later, in a batch.  (The per-delta path:
+        kept flat.)"""
+        self._sub += 1
+        event = cls(
+            invocation_id=self.invocation_id, seq=self._seq, sub=self._sub, at=time.time(), **fields
+        )
         if self._held is not None:
             self._held.append(event)
-        else:
-            self._publish_pending(event)
+            return
+        pending = self.pending
+        pending.append(event)
+        n = len(pending)
+        if n == 1 or n >= FLUSH_AT:
+            self._writer.mark_dirty(self, urgent=n >= FLUSH_AT)
+        log = self.log
+        log.append(event)
+        if len(log) > self._trim_at:
+            self._trim()
+        self._lot.unpark_all()
 
     def _publish_pending(self, event: Event) -> None:
         self.pending.append(event)
@@ -157,7 +173,7 @@ class Recorder:
     def _publish(self, event: Event) -> None:
         log = self.log
         log.append(event)
-        if len(log) > 2 * self.log_limit:
+        if len(log) > self._trim_at:
             self._trim()
         self._lot.unpark_all()
 
@@ -247,12 +263,13 @@ class Recorder:
             lease=self.lease, events=(event,), deltas=deltas, session_entry=session_entry
         )
         try:
-            with trio.CancelScope(shield=True):
-                try:
-                    await self._writer.write(write, deadline=deadline)
-                except CommitUncertain:
-                    if not await self._landed(event):
-                        raise
+            try:
+                await self._writer.write(write, deadline=deadline)  # shielded
+            except CommitUncertain:
+                with trio.CancelScope(shield=True):
+                    landed = await self._landed(event)
+                if not landed:
+                    raise
         except StoreError:
             held, self._held = self._held, None
             if self._uncertain:  # it may be in the store: never give its seq to another event

@@ -7,9 +7,11 @@ Who owns it
     session's answer) and every flush of streamed deltas goes through it.
 
 What it does
-    Writes wait in a queue.  The task takes everything queued (up to ``max_batch`` writes),
-    adds the deltas that invocations have published since their last write, and commits them
-    with **one** :meth:`Store.commit` call - one transaction for many invocations.  500
+    When nothing is being committed and nothing waits, a write is committed at once in the
+    caller's task (no task switch: the common case when load is light).  Otherwise writes wait
+    in a queue, one commit at a time.  The task takes everything queued (up to ``max_batch``
+    writes), adds the deltas that invocations have published since their last write, and
+    commits them with **one** :meth:`Store.commit` call - one transaction for many invocations.  500
     invocations ending at once cost a few transactions, not 500.  Each write is fenced and
     checked on its own inside the transaction: a rejected write changes nothing and fails only
     its own waiter.
@@ -27,6 +29,7 @@ What happens on cancel
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from collections.abc import Sequence
 from typing import Protocol
@@ -95,31 +98,55 @@ class JournalWriter:
         self._queue: deque[_Slot] = deque()
         self._dirty: dict[DeltaSource, None] = {}  # insertion-ordered set
         self._wake = trio.Event()
+        self._committing = False  # a commit is in flight (the task's, or a caller's own)
+        self._idle = trio.lowlevel.ParkingLot()  # woken when a commit ends
         self.commits = 0  # statistics: transactions made
         self.writes = 0  # statistics: writes committed (or rejected)
 
     # ---- for invocations ----------------------------------------------------------------
 
-    async def write(self, write: JournalWrite, *, deadline: float = float("inf")) -> None:
-        """Queue ``write`` and wait until it is committed; raise its error if it was not.
+    async def write(self, write: JournalWrite, *, deadline: float = math.inf) -> None:
+        """Commit ``write`` (at once, or in the task's next batch); raise its error if it was
+        not stored.
 
-        At ``deadline`` (trio time) a write the task has not taken yet is withdrawn and
-        :class:`~trio_agents.StoreUnavailableError` raised; one already being committed is
-        waited for (the commit itself is bounded by ``commit_timeout``).  Call it shielded
-        when the caller must know the write's fate whatever happens (the recorder does).
+        Shielded: once called, it does not return before the write's fate is known, whatever
+        happens to the caller - so a cancel never leaves a write stored but unpublished.  At
+        ``deadline`` (trio time) a write the task has not taken yet is withdrawn and
+        :class:`~trio_agents.StoreUnavailableError` raised; one being committed is waited for
+        (the commit itself is bounded by ``commit_timeout``).
         """
+        if not self._committing and not self._queue:
+            # Nothing in flight or waiting: commit here, in the caller's task (one write, no
+            # task switch).  The flag keeps the writer's task and other callers out meanwhile.
+            self._committing = True
+            try:
+                error = (await self._commit([write], shield=True))[0]
+            finally:
+                self._committing = False
+                self.commits += 1
+                self.writes += 1
+                if self._queue or self._dirty:
+                    self._wake.set()
+                self._idle.unpark_all()
+            if error is not None:
+                raise error
+            return
         slot = _Slot(write)
         self._queue.append(slot)
         self._wake.set()
-        with trio.move_on_at(deadline):
-            await slot.done.wait()
-        if not slot.done.is_set():
-            if not slot.taken:
-                slot.withdrawn = True
-                raise StoreUnavailableError(
-                    "the store did not take the write in time; nothing was written"
-                )
-            await slot.done.wait()
+        with trio.CancelScope(shield=True):
+            if deadline == math.inf:
+                await slot.done.wait()
+            else:
+                with trio.move_on_at(deadline):
+                    await slot.done.wait()
+            if not slot.done.is_set():
+                if not slot.taken:
+                    slot.withdrawn = True
+                    raise StoreUnavailableError(
+                        "the store did not take the write in time; nothing was written"
+                    )
+                await slot.done.wait()
         if slot.error is not None:
             raise slot.error
 
@@ -147,11 +174,22 @@ class JournalWriter:
         with trio.CancelScope(shield=True) as scope:
             task_status.started(scope)
             while True:
-                if not self._queue:
-                    with trio.move_on_after(self.flush_interval if self._dirty else float("inf")):
+                if self._queue:
+                    pass
+                elif self._dirty:
+                    with trio.move_on_after(self.flush_interval):
                         await self._wake.wait()
+                else:
+                    await self._wake.wait()
                 self._wake = trio.Event()
-                await self._commit_once()
+                while self._committing:  # a caller is committing its own write
+                    await self._idle.park()
+                self._committing = True
+                try:
+                    await self._commit_once()
+                finally:
+                    self._committing = False
+                    self._idle.unpark_all()
 
     async def _commit_once(self) -> None:
         slots: list[_Slot] = []
@@ -179,21 +217,27 @@ class JournalWriter:
                 slot.source.deltas_written(slot.write, error)
             slot.done.set()
 
-    async def _commit(self, writes: Sequence[JournalWrite]) -> list[StoreError | None]:
+    async def _commit(
+        self, writes: Sequence[JournalWrite], *, shield: bool = False
+    ) -> list[StoreError | None]:
+        error: StoreError
         try:
-            with trio.fail_after(self.commit_timeout):
+            with trio.CancelScope(
+                deadline=trio.current_time() + self.commit_timeout, shield=shield
+            ) as scope:
                 results = await self._store.commit(writes)
-            # A refusal that is not a StoreError (misuse) still fails only its own write.
-            return [
-                r if r is None or isinstance(r, StoreError) else StoreError(f"{r}") for r in results
-            ]
-        except trio.TooSlowError:
+            if not scope.cancelled_caught:
+                # A refusal that is not a StoreError (misuse) still fails only its own write.
+                return [
+                    r if r is None or isinstance(r, StoreError) else StoreError(f"{r}")
+                    for r in results
+                ]
             logger.warning(
                 "a commit of %d writes took longer than %ss and was cancelled",
                 len(writes),
                 self.commit_timeout,
             )
-            error: StoreError = CommitUncertain(
+            error = CommitUncertain(
                 f"the store did not answer within {self.commit_timeout}s; the commit was "
                 "cancelled, and may or may not have landed"
             )

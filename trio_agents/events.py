@@ -30,7 +30,8 @@ Identity
 
 Cancel modes
     One lattice, defined here and used everywhere: ``after_turn`` < ``after_tools`` <
-    ``immediate`` (:data:`CANCEL_MODES`, :func:`stronger_mode`, :func:`check_cancel_mode`).
+    ``immediate`` (:data:`CANCEL_MODES`, :func:`stronger_mode`, :func:`mode_reaches`,
+    :func:`check_cancel_mode`).
 
 The wire form is a JSON object with the event's fields plus ``"v"``, the codec version
 (:data:`WIRE_VERSION`); ``sub`` is left out when it is 0.  A record from a newer version, or one
@@ -87,6 +88,7 @@ __all__ = [
     "encode",
     "encode_message",
     "event_id",
+    "mode_reaches",
     "parse_event_id",
     "stronger_mode",
 ]
@@ -118,6 +120,11 @@ def stronger_mode(old: CancelMode | None, new: CancelMode) -> CancelMode:
     if old is None or _MODE_RANK[new] > _MODE_RANK[old]:
         return new
     return old
+
+
+def mode_reaches(mode: CancelMode | None, floor: CancelMode) -> bool:
+    """Whether ``mode`` (``None``: no cancel) is at least as strong as ``floor``."""
+    return mode is not None and _MODE_RANK[mode] >= _MODE_RANK[floor]
 
 
 def event_id(event: Event) -> str:

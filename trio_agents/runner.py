@@ -159,7 +159,9 @@ class Runner:
         self._nursery: trio.Nursery | None = None
         self._stack: AsyncExitStack | None = None
         self._models: AsyncExitStack | None = None
-        self._opened: dict[int, Model] = {}  # models this runner holds open, by identity
+        # The models this runner holds open, and the agents whose models it opened, by identity
+        # (the objects are kept, so an id is never reused while it is here).
+        self._opened: dict[int, Model | AgentLike] = {}
         self.writer: JournalWriter | None = None
 
     @property
@@ -275,12 +277,17 @@ class Runner:
         """Open the models ``agent`` uses that this runner does not hold open yet (they are
         owned resources: the runner holds them until it closes)."""
         assert self._models is not None
+        if self._opened.get(id(agent)) is agent:  # seen already: its models are open
+            return
         for model in models_of(agent):
             if id(model) not in self._opened:
                 await self._models.enter_async_context(model)
                 self._opened[id(model)] = model
+        self._opened[id(agent)] = agent
 
     async def _launch(self, nursery: trio.Nursery, inv: Invocation) -> None:
+        """Make ``inv`` durable in the caller's task (so a failure is raised right here and a
+        cancel of the caller leaves nothing half-made), then run it in the runner's nursery."""
         if inv.id in self._active:
             raise UsageError(f"invocation {inv.id!r} is already running in this runner")
         await self._open_models(inv.agent)
@@ -288,10 +295,11 @@ class Runner:
         try:
             if self._limiter is not None:
                 await self._limiter.acquire_on_behalf_of(inv)
-            await nursery.start(inv._main, name=f"invocation {inv.id}")
+            await inv._open()
         except BaseException:
             self._forget(inv)
             raise
+        nursery.start_soon(inv._main, name=f"invocation {inv.id}")
 
     def _forget(self, inv: Invocation) -> None:
         if self._active.get(inv.id) is inv:

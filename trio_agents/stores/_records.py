@@ -127,29 +127,29 @@ def check_write(
     status, owner = record.status, record.owner
     for what, items, durable in (("delta", write.deltas, False), ("event", write.events, True)):
         for event in items:
-            name = f"{what} {event_id(event)}"
+            key = (event.seq, event.sub)
             if event.invocation_id != invocation_id:
                 raise StoreError(
-                    f"{name} of invocation {event.invocation_id!r} appended to "
-                    f"{invocation_id!r}; nothing was written"
+                    f"{what} {event_id(event)} of invocation {event.invocation_id!r} appended "
+                    f"to {invocation_id!r}; nothing was written"
                 )
             if durable and event.sub != 0:
                 raise StoreError(
-                    f"{name} of invocation {invocation_id!r} is ephemeral (sub {event.sub}) "
-                    "but was written as a durable event; nothing was written"
+                    f"{what} {event_id(event)} of invocation {invocation_id!r} is ephemeral "
+                    f"(sub {event.sub}) but was written as a durable event; nothing was written"
                 )
             if not durable and event.sub < 1:
                 raise StoreError(
-                    f"{name} of invocation {invocation_id!r} is durable (sub 0) but was "
-                    "written as a delta; nothing was written"
+                    f"{what} {event_id(event)} of invocation {invocation_id!r} is durable "
+                    "(sub 0) but was written as a delta; nothing was written"
                 )
-            if (event.seq, event.sub) <= head:
+            if key <= head:
                 raise StoreError(
                     f"{what} seq {event_id(event)} of invocation {invocation_id!r} is not after "
                     f"the id stored or written before it, {_id_text(head)}; nothing was written"
                 )
-            head = (event.seq, event.sub)
-            if isinstance(event, InvocationEnded) and durable:
+            head = key
+            if durable and isinstance(event, InvocationEnded):
                 status, owner = event.status, None
     return head, status, owner
 

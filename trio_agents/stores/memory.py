@@ -66,7 +66,6 @@ class MemoryStore:
         self._records: dict[str, InvocationRecord] = {}
         self._journals: dict[str, list[Event]] = {}  # durable events only
         self._events: dict[str, list[Event]] = {}  # every event, in id order
-        self._ids: dict[str, list[EventId]] = {}  # their ids (to bisect)
         self._by_session: dict[str, list[str]] = {}  # session id -> its invocations
         self._cancels: dict[str, CancelRequest] = {}
         self._decisions: dict[str, dict[str, ApprovalDecision]] = {}  # invocation -> approval
@@ -140,7 +139,6 @@ class MemoryStore:
         self._records[record.id] = stored
         self._journals[record.id] = []
         self._events[record.id] = []
-        self._ids[record.id] = []
         apply()
         return lease
 
@@ -254,7 +252,6 @@ class MemoryStore:
             written = [*write.deltas, *write.events]
             self._journals[invocation_id].extend(write.events)
             self._events[invocation_id].extend(written)
-            self._ids[invocation_id].extend((e.seq, e.sub) for e in written)
             self._records[invocation_id] = attrs.evolve(
                 self._records[invocation_id],
                 last_seq=last_seq,
@@ -305,7 +302,7 @@ class MemoryStore:
         if limit is not None and limit < 0:
             raise UsageError(f"limit must be >= 0, got {limit}")
         self._get(invocation_id)
-        start = bisect.bisect_right(self._ids[invocation_id], after)
+        start = bisect.bisect_right(self._events[invocation_id], after, key=_event_key)
         stop = None if limit is None else start + limit
         return self._events[invocation_id][start:stop]
 
@@ -464,3 +461,7 @@ def _copy_session(session: Session) -> Session:
             for e in session.entries
         ),
     )
+
+
+def _event_key(event: Event) -> EventId:
+    return (event.seq, event.sub)
