@@ -36,7 +36,6 @@ from trio_agents.messages import AssistantMessage, UserMessage
 from trio_agents.stores import (
     ApprovalDecision,
     CancelRequest,
-    InvocationRecord,
     JournalWrite,
     Lease,
     PostgresStore,
@@ -49,6 +48,7 @@ from trio_agents.stores._sql import MIGRATIONS
 from trio_agents.stores._threads import INTERRUPTER_NAME, WORKER_NAME
 
 from .conftest import MEMORY, POSTGRES, SQLITE, StoreCase, only
+from .test_stores import record
 
 V1_ENTRIES = (
     (Path(__file__).parent / "fixtures" / "journal-v1" / "session-entries.jsonl")
@@ -58,10 +58,6 @@ V1_ENTRIES = (
 
 
 # ---- helpers ----------------------------------------------------------------------------------
-
-
-def record(invocation_id: str, owner: str | None = "a", **fields: Any) -> InvocationRecord:
-    return InvocationRecord(id=invocation_id, agent="ops", input="go", owner=owner, **fields)
 
 
 def turn(invocation_id: str, seq: int) -> Event:
