@@ -32,7 +32,7 @@ import trio
 
 from ._exceptions import StoreError
 from ._writer import CommitUncertain, JournalWriter
-from .events import Event, EventId, InvocationEnded
+from .events import Event, EventId, InvocationEnded, TextDelta
 from .stores._base import JournalWrite, Lease, SessionEntry
 
 __all__ = ["PathText", "Recorder"]
@@ -70,6 +70,7 @@ class Recorder:
         "_held",
         "_lock",
         "_lot",
+        "_readers",
         "_seq",
         "_sub",
         "_trim_at",
@@ -112,6 +113,7 @@ class Recorder:
         self._uncertain = False  # a write's fate is unknown: ids are never given back
         self._lock = trio.Lock()
         self._lot = trio.lowlevel.ParkingLot()
+        self._readers = 0  # parked in wait(): publishing wakes them only when there are any
         self.paths: dict[str, PathText] = {}
         self.store_error: str | None = None
         self.closed = False
@@ -132,7 +134,11 @@ class Recorder:
 
     async def wait(self) -> None:
         """Park until the next event is published (or the log is closed)."""
-        await self._lot.park()
+        self._readers += 1
+        try:
+            await self._lot.park()
+        finally:
+            self._readers -= 1
 
     # ---- ephemeral events ---------------------------------------------------------------------
 
@@ -142,13 +148,36 @@ class Recorder:
             invocation_id=self.invocation_id, seq=self._seq, sub=self._sub, at=time.time(), **fields
         )
 
+    def publish_text(self, path: str, turn: int, text: str) -> None:
+        """:meth:`publish_ephemeral` of a :class:`TextDelta`: the per-token path, spelled out."""
+        self._sub += 1
+        self._publish_delta(
+            TextDelta(
+                invocation_id=self.invocation_id,
+                seq=self._seq,
+                sub=self._sub,
+                at=time.time(),
+                path=path,
+                turn=turn,
+                text=text,
+            )
+        )
+
     def publish_ephemeral(self, cls: type[E], **fields: Any) -> None:
         """Stamp and publish an event that is stored later, in a batch.  (The per-delta path:
         kept flat.)"""
         self._sub += 1
-        event = cls(
-            invocation_id=self.invocation_id, seq=self._seq, sub=self._sub, at=time.time(), **fields
+        self._publish_delta(
+            cls(
+                invocation_id=self.invocation_id,
+                seq=self._seq,
+                sub=self._sub,
+                at=time.time(),
+                **fields,
+            )
         )
+
+    def _publish_delta(self, event: Event) -> None:
         if self._held is not None:
             self._held.append(event)
             return
@@ -161,21 +190,16 @@ class Recorder:
         log.append(event)
         if len(log) > self._trim_at:
             self._trim()
-        self._lot.unpark_all()
-
-    def _publish_pending(self, event: Event) -> None:
-        self.pending.append(event)
-        n = len(self.pending)
-        if n == 1 or n >= FLUSH_AT:
-            self._writer.mark_dirty(self, urgent=n >= FLUSH_AT)
-        self._publish(event)
+        if self._readers:
+            self._lot.unpark_all()
 
     def _publish(self, event: Event) -> None:
         log = self.log
         log.append(event)
         if len(log) > self._trim_at:
             self._trim()
-        self._lot.unpark_all()
+        if self._readers:
+            self._lot.unpark_all()
 
     def _trim(self) -> None:
         log = self.log
@@ -258,6 +282,8 @@ class Recorder:
     ) -> None:
         assert self.lease is not None
         deltas, self.pending = tuple(self.pending), []
+        if deltas:
+            self._writer.mark_clean(self)
         self._held = []
         write = JournalWrite(
             lease=self.lease, events=(event,), deltas=deltas, session_entry=session_entry
@@ -272,10 +298,12 @@ class Recorder:
                     raise
         except StoreError:
             held, self._held = self._held, None
+            if deltas:  # they were not stored either: flush them later
+                self._writer.mark_dirty(self)
             if self._uncertain:  # it may be in the store: never give its seq to another event
                 self.pending = [*deltas, *self.pending]
                 for later in held:
-                    self._publish_pending(later)
+                    self._publish_delta(later)
                 raise
             # Not stored: the seq goes back, and what was held is renumbered under the
             # previous seq, after the deltas that were published before the failed write.
@@ -283,13 +311,13 @@ class Recorder:
             self.pending = [*deltas, *self.pending]
             for old in held:
                 self._sub += 1
-                self._publish_pending(attrs.evolve(old, seq=self._seq, sub=self._sub))
+                self._publish_delta(attrs.evolve(old, seq=self._seq, sub=self._sub))
             raise
         held, self._held = self._held, None
         self.stored = (event.seq, 0)
         self._publish(event)
         for later in held:
-            self._publish_pending(later)
+            self._publish_delta(later)
 
     async def _landed(self, event: Event) -> bool:
         """After a cancelled commit: did ``event`` reach the store after all?  Sets

@@ -24,7 +24,6 @@ from .events import (
     Event,
     ReasoningDelta,
     StepFinished,
-    TextDelta,
     ToolCallFinished,
     ToolCallStarted,
     TurnFinished,
@@ -128,7 +127,7 @@ class InvocationContext:
 
     def emit_text(self, turn: int, text: str) -> None:
         self._text.partial.append(text)
-        self._rec.publish_ephemeral(TextDelta, path=self.path, turn=turn, text=text)
+        self._rec.publish_text(self.path, turn, text)
 
     def emit_reasoning(self, turn: int, text: str) -> None:
         self._rec.publish_ephemeral(ReasoningDelta, path=self.path, turn=turn, text=text)

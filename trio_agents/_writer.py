@@ -161,6 +161,10 @@ class JournalWriter:
             return (record.last_seq, record.last_sub)
         return None
 
+    def mark_clean(self, source: DeltaSource) -> None:
+        """``source`` handed its deltas to a write of its own: nothing to flush for it."""
+        self._dirty.pop(source, None)
+
     def mark_dirty(self, source: DeltaSource, *, urgent: bool = False) -> None:
         """``source`` has deltas to store: at the next commit, or within ``flush_interval``."""
         self._dirty[source] = None
