@@ -450,3 +450,38 @@ async def test_a_commit_cut_off_at_its_timeout_never_costs_an_id(
     else:
         assert outcome.status == "failed"
         assert "did not answer within 1" in (outcome.reason or "")
+
+
+async def test_a_follower_elsewhere_follows_a_resumed_run_to_its_end(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """A reader in another runner that attaches while a resumed run is going replays the first
+    run (its end included), then follows the resumed run to its end.  One that attached
+    earlier stopped at the first end (the invocation was no longer running then)."""
+    store = MemoryStore()
+    turn = ScriptedTurn(chunks=tuple(f"w{i} " for i in range(6)), delay=1.0)
+    agent = Agent(name="a", model=ScriptedModel([turn, turn]))
+    async with Runner(store=store, agents=[agent]) as owner, Runner(store=store) as reader:
+        inv = await owner.start(agent, "go")
+        early: list[Event] = []
+        late: list[Event] = []
+
+        async def follow(into: list[Event]) -> None:
+            async for event in reader.events(inv.id):
+                into.append(event)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(follow, early)
+            await trio.sleep(2.5)
+            inv.cancel()
+            await inv.wait()
+            await trio.sleep(1)
+            resumed = await owner.resume(inv.id)
+            await trio.sleep(1.5)
+            nursery.start_soon(follow, late)
+            await resumed.wait()
+    stored = await store.read_events(inv.id)
+    assert [e.kind for e in early].count("ended") == 1
+    assert early == stored[: len(early)]
+    assert [e.kind for e in late].count("ended") == 2
+    assert late == stored
