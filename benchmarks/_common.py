@@ -57,11 +57,11 @@ def stream_model(tokens: int, *, coalesced: bool, token_delay: float, pause: flo
     Per-token framing (the default): each SSE chunk is its own HTTP chunk and its own write,
     ``pause`` seconds after the one before, so the client reads one chunk at a time as it would
     from a provider; ``token_delay`` adds a provider's think time between tokens.
-    ``coalesced``: the same chunks written back to back, which a busy client reads several at a
-    time (the kinder measurement these benchmarks made before).
+    ``coalesced``: no pause, so chunks with no delay go back to back and a busy client reads
+    several at a time (the kinder measurement these benchmarks made before).
     """
     if coalesced:
-        return f"tokens={tokens},delay=0,first=0"
+        return f"tokens={tokens},delay={token_delay:g},first=0"
     return f"tokens={tokens},delay={token_delay:g},first=0,pause={pause:g}"
 
 

@@ -28,7 +28,10 @@ EXPECTED = {
         r"socket reads per run \(20 \| 200 tokens\): bare [\d.]+ \| [\d.]+, trio_agents [\d.]+",
         r"an idle wake-up \(1 ms trio.sleep\) costs [\d.]+ us CPU",
     ],
-    "memory": [r"bare httpx2 [\d.]+ KiB .* \| trio_agents [\d.]+ KiB .* \| [\d.]+x"],
+    "memory": [
+        r"bare httpx2 [\d.]+ KiB \(RSS -?[\d.]+ KiB\)"
+        r" \| trio_agents [\d.]+ KiB \(RSS -?[\d.]+ KiB\) \| [\d.]+x \(RSS -?[\d.]+x\)"
+    ],
     "flat_costs": [
         rf"{store} +n=100 +renew: [\d.]+ calls?/round [\d.]+ ms \([\d.]+ us/inv\) \| watch: "
         r"[\d.]+ calls?/wake [\d.]+ ms \| per-invocation calls \(old design\): 100 in [\d.]+ ms"
