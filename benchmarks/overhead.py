@@ -9,23 +9,30 @@ process).  From the two lengths: CPU per chunk = (t200 - t20) / 180 and the fixe
 
 How the stream is framed (``--coalesced`` gives the old, kinder measurement).  The fake server
 always sent each SSE chunk as its own HTTP chunk and its own ``send_all`` (trio sets
-``TCP_NODELAY``, so each is its own TCP segment).  But with no delay it writes them back to back,
-faster than a client parses them, so the client found several in each socket read: counted over
-50 runs, a 20-token run (24 HTTP chunks: role, 20 tokens, finish, usage, ``[DONE]``) took 7.0
-socket reads on the bare side and 3.4 in trio_agents; a 200-token run 44 and 7.6.  httpcore
-still yields one body part per HTTP chunk (24 ``aiter_bytes`` iterations per run on both
-sides), so parsing was per chunk, but the reads, each a trip through trio's I/O wait, were
-shared by several chunks, and the slower side shared more: the kind measurement charged the
-slower client less per chunk.  A provider's tokens arrive apart, so a client reads each on its
-own, after going idle.  By default now the server pauses 100 us (real time, in a worker
-thread: trio's timer cannot sleep under 1 ms) before each chunk, and both sides make one read
-per chunk (counted and printed: 25 reads for 24 chunks, the last read is the chunked body's
-end).  ``--token-delay S`` adds a provider's think time between tokens.
+``TCP_NODELAY``, so each is its own TCP segment), never the body in one write.  But with no
+delay it wrote them back to back, faster than a client parses them, so the client found several
+in each socket read: a 20-token run (24 HTTP chunks: role, 20 tokens, finish, usage,
+``[DONE]``) took 3-7 socket reads on the bare side and about 3 in trio_agents, a 200-token run
+20-44 and 6-8 (counts vary from run to run; the slower side always reads less often).  httpcore
+still yields one body part per HTTP chunk (24 ``aiter_bytes`` iterations a run on both sides),
+so parsing was per chunk, but the reads, each a trip through trio's I/O wait, were shared, and
+shared more by the slower client.  A provider's tokens arrive apart, so a client reads each on
+its own, after going idle.  By default the server now pauses 100 us (real time, in a worker
+thread: trio's timer cannot sleep under 1 ms) before each chunk, and both sides make about one
+read per chunk (counted before the timing and printed).  ``--token-delay S`` adds a provider's
+think time between tokens.
 
-Each read that waits costs an idle wake-up, measured and printed: about 100-170 us of CPU on
-the virtual machine these figures were taken on (a ``trio.sleep`` loop), against a few us on
-bare metal.  Both sides pay it per chunk, so on such a host it dilutes the ratio; the per-chunk
-and per-run lines separate what each side adds.
+What it showed (2-core AMD EPYC VM, two runs each): coalesced, the old figure, 1.30-1.31x for
+20 tokens (bare 1.39-1.45 ms, trio_agents 1.81-1.91 ms) and 1.61-1.63x for 200; per chunk bare
+17.5 us, trio_agents 31 us (1.75-1.78x), per run fixed 1.04-1.11 vs 1.19-1.29 ms.  Per token:
+1.18-1.21x for 20 tokens (bare 3.68-4.08 ms, trio_agents 4.35-4.92 ms) and 1.22-1.28x for 200;
+per chunk bare 104-118 us, trio_agents 127-153 us, per run fixed 1.60-1.72 vs 1.81-1.87 ms.
+So a read that waits costs ~90 us of CPU here, on both sides (an idle wake-up on this VM: the
+``trio.sleep`` line), which dilutes the ratio; what trio_agents adds per chunk grows from ~14 us
+when chunks share reads to ~23-35 us when each comes alone.  Per-token framing did not bring
+back the 1.7-2.0x a user reported for 20-token runs: on this VM it lowers the ratio.  On a host
+whose wake-ups are cheap the ratio would tend to the per-chunk one (~1.75x) as answers grow; a
+bare client lighter than ours (no JSON parsing) would also raise it.
 
 Run: ``python -m benchmarks.overhead`` (``--runs N --rounds N --token-delay S --coalesced``).
 """
