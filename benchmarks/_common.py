@@ -13,10 +13,12 @@ import platform
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import httpcore2._backends.trio as httpcore_trio
 import httpx2
 import trio
 
@@ -46,6 +48,54 @@ def server_process() -> Iterator[str]:
         finally:
             proc.terminate()
             proc.wait(timeout=10)
+
+
+def stream_model(tokens: int, *, coalesced: bool, token_delay: float, pause: float) -> str:
+    """The model name that asks the fake server (``python -m trio_agents.testing``) for a
+    ``tokens``-token stream.
+
+    Per-token framing (the default): each SSE chunk is its own HTTP chunk and its own write,
+    ``pause`` seconds after the one before, so the client reads one chunk at a time as it would
+    from a provider; ``token_delay`` adds a provider's think time between tokens.
+    ``coalesced``: no pause, so chunks with no delay go back to back and a busy client reads
+    several at a time (the kinder measurement these benchmarks made before).
+    """
+    if coalesced:
+        return f"tokens={tokens},delay={token_delay:g},first=0"
+    return f"tokens={tokens},delay={token_delay:g},first=0,pause={pause:g}"
+
+
+@contextmanager
+def counting_reads() -> Iterator[list[int]]:
+    """Count the socket reads httpx2 makes (on trio), in this block: yields a list that gets
+    each read's size.  (It wraps httpcore's trio stream, so keep it out of timed code.)"""
+    sizes: list[int] = []
+    original = httpcore_trio.TrioStream.read
+
+    # The wrapper keeps httpcore's signature, ``timeout`` parameter included.
+    async def read(
+        self: httpcore_trio.TrioStream,
+        max_bytes: int,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> bytes:
+        data = await original(self, max_bytes, timeout)
+        sizes.append(len(data))
+        return data
+
+    httpcore_trio.TrioStream.read = read  # type: ignore[method-assign]
+    try:
+        yield sizes
+    finally:
+        httpcore_trio.TrioStream.read = original  # type: ignore[method-assign]
+
+
+async def idle_wakeup_cpu(samples: int = 200) -> float:
+    """CPU seconds this process spends per idle wake-up (a 1 ms ``trio.sleep``): a socket read
+    that has to wait for its data pays about as much.  On a virtual machine it is large."""
+    start = time.process_time()
+    for _ in range(samples):
+        await trio.sleep(0.001)
+    return (time.process_time() - start) / samples
 
 
 def percentiles(values: list[float]) -> dict[str, float]:

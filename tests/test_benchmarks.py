@@ -20,8 +20,18 @@ EXPECTED = {
         r"loaded +bare p50 [\d.]+ .* \| trio_agents p50 [\d.]+",
         r"drain +40 at once \(median of 3\): bare [\d.]+ ms \| trio_agents [\d.]+ ms \| [\d.]+x",
     ],
-    "overhead": [r"bare httpx2 [\d.]+ ms \| trio_agents [\d.]+ ms \| ratio [\d.]+x"],
-    "memory": [r"bare httpx2 [\d.]+ KiB .* \| trio_agents [\d.]+ KiB .* \| [\d.]+x"],
+    "overhead": [
+        r"bare httpx2 [\d.]+ ms \| trio_agents [\d.]+ ms \| ratio [\d.]+x  \(20 tokens",
+        r"200 tokens: bare httpx2 [\d.]+ ms \| trio_agents [\d.]+ ms \| ratio [\d.]+x",
+        r"per chunk: bare -?[\d.]+ us \| trio_agents -?[\d.]+ us \| ratio ([\d.-]+x|n/a)",
+        r"per run fixed: bare -?[\d.]+ ms \| trio_agents -?[\d.]+ ms \| ratio ([\d.-]+x|n/a)",
+        r"socket reads per run \(20 \| 200 tokens\): bare [\d.]+ \| [\d.]+, trio_agents [\d.]+",
+        r"an idle wake-up \(1 ms trio.sleep\) costs [\d.]+ us CPU",
+    ],
+    "memory": [
+        r"bare httpx2 [\d.]+ KiB \(RSS -?[\d.]+ KiB\)"
+        r" \| trio_agents [\d.]+ KiB \(RSS -?[\d.]+ KiB\) \| [\d.]+x \(RSS -?[\d.]+x\)"
+    ],
     "flat_costs": [
         rf"{store} +n=100 +renew: [\d.]+ calls?/round [\d.]+ ms \([\d.]+ us/inv\) \| watch: "
         r"[\d.]+ calls?/wake [\d.]+ ms \| per-invocation calls \(old design\): 100 in [\d.]+ ms"

@@ -24,6 +24,7 @@ from trio_agents.testing import (
     replay,
     serve_fake_server,
 )
+from trio_agents.testing.__main__ import plan_from_model_name
 
 
 async def _abandon(response: httpx2.Response, reader: AsyncIterator[bytes]) -> None:
@@ -310,3 +311,39 @@ def test_the_standalone_server_reports_a_disconnect_on_the_shared_clock() -> Non
     assert record["json"] == body
     assert not record["completed"]
     assert 0 <= record["disconnected_at_monotonic"] - left_at < 1.0
+
+
+async def test_a_records_request_that_closes_its_connection_leaves_the_server_serving() -> None:
+    """A records request sent with ``Connection: close`` (as urllib sends it) is answered and
+    its connection closed; the server goes on serving others (it used to crash)."""
+    with trio.fail_after(10):
+        async with open_fake_server() as server, httpx2.AsyncClient(timeout=None) as client:
+            url = f"{server.url}{RECORDS_PATH}"
+            closing = await client.get(url, headers={"connection": "close"})
+            again = await client.get(url)
+    assert closing.json() == {"requests": []}
+    assert again.json() == {"requests": []}
+    assert len(server.connections) == 2
+
+
+async def test_pause_holds_each_part_back_in_real_time() -> None:
+    """``pause`` waits (real time, off the event loop) before every part after the first whose
+    delay is 0, so a client reads each part on its own; parts with a delay keep only it."""
+    plan = ResponsePlan(parts=((0.0, b"a"), (0.0, b"b"), (0.0, b"c"), (0.0, b"d")), pause=0.02)
+    with trio.fail_after(10):
+        async with open_fake_server() as server, httpx2.AsyncClient(timeout=None) as client:
+            server.enqueue(plan)
+            start = time.monotonic()
+            response = await client.send(_post(client, server), stream=True)
+            parts = [part async for part in response.aiter_raw()]
+            elapsed = time.monotonic() - start
+    assert parts == [b"a", b"b", b"c", b"d"]
+    assert 0.06 <= elapsed < 5
+
+
+def test_the_standalone_servers_model_name_sets_the_pause() -> None:
+    """``pause=S`` in the model name reaches the plan; without it there is no pause."""
+    paused = plan_from_model_name({"model": "tokens=3,delay=0,first=0,pause=0.0001"})
+    assert paused.pause == 0.0001
+    assert len(paused.parts) == 1 + 3 + 3  # role, tokens, finish + usage + [DONE]
+    assert plan_from_model_name({"model": "tokens=3,delay=0,first=0"}).pause == 0.0

@@ -2,7 +2,12 @@
 
 Benchmarks use it so the server's CPU and memory are not counted with the client's.  The model
 name of each request says what to stream: ``"tokens=20,delay=0.005,first=0"`` streams 20
-one-word tokens, ``delay`` seconds apart, after ``first`` seconds.  The server binds a free port
+one-word tokens, ``delay`` seconds apart, after ``first`` seconds; ``pause=0.0001`` adds a
+real-time pause that short before each chunk sent with no delay (see
+:attr:`~trio_agents.testing.ResponsePlan.pause`), so a client reads one chunk at a time even
+when ``delay`` is 0, the way a provider's tokens arrive.  Each chunk is its own HTTP chunk and
+its own write either way (trio sets ``TCP_NODELAY``), but without a pause back-to-back writes
+reach a busy client together and it reads several in one go.  The server binds a free port
 on 127.0.0.1, prints ``PORT <n>`` once it listens, and serves until it is interrupted.
 """
 
@@ -14,6 +19,7 @@ import sys
 from functools import partial
 from typing import Any
 
+import attrs
 import trio
 
 from ._server import FakeServer, ResponsePlan
@@ -21,7 +27,7 @@ from .openai import openai_stream, serve_fake_openai_server
 
 
 def plan_from_model_name(body: Any) -> ResponsePlan:
-    """Read ``tokens=N,delay=S,first=S`` from the request's model name."""
+    """Read ``tokens=N,delay=S,first=S,pause=S`` from the request's model name."""
     return _plan(str(body.get("model", "")) if isinstance(body, dict) else "")
 
 
@@ -32,7 +38,8 @@ def _plan(spec: str) -> ResponsePlan:
     tokens = int(options.get("tokens", 20))
     delay = float(options.get("delay", 0))
     first = float(options.get("first", delay))
-    return openai_stream([f"tok{i} " for i in range(tokens)], delay=delay, first_delay=first)
+    plan = openai_stream([f"tok{i} " for i in range(tokens)], delay=delay, first_delay=first)
+    return attrs.evolve(plan, pause=float(options.get("pause", 0)))
 
 
 async def _main() -> None:

@@ -61,6 +61,12 @@ class ResponsePlan:
         parts: ``(delay_seconds, data)`` pairs: sleep, then send ``data``.
         ending: see :data:`Ending`.
         headers_delay: seconds to wait before sending the status line and headers.
+        pause: real seconds to wait before each body part after the first whose delay is 0,
+            slept in a worker thread: shorter than the event loop's timer resolution (1 ms
+            with epoll), long enough that a client in another process reads each part as it
+            comes instead of several at once.  It follows the real clock, not the trio clock
+            (leave it 0 under ``autojump_clock``); benchmarks use it to frame a stream the way
+            a provider's tokens arrive.
     """
 
     status: int = 200
@@ -68,6 +74,7 @@ class ResponsePlan:
     parts: tuple[tuple[float, bytes], ...] = ()
     ending: Ending = "close"
     headers_delay: float = 0.0
+    pause: float = 0.0
 
 
 @attrs.define(kw_only=True)
@@ -253,7 +260,8 @@ class FakeServer:
             target = urllib.parse.urlsplit(head.target.decode())
             if head.method != b"GET" or target.path != RECORDS_PATH:
                 break
-            await self._send_records(stream, conn, urllib.parse.parse_qs(target.query))
+            if not await self._send_records(stream, conn, urllib.parse.parse_qs(target.query)):
+                return None  # the client asked to close (``Connection: close``)
         try:
             parsed: Any = json.loads(body)
         except ValueError:
@@ -302,7 +310,8 @@ class FakeServer:
 
     async def _send_records(
         self, stream: trio.SocketStream, conn: h11.Connection, query: dict[str, list[str]]
-    ) -> None:
+    ) -> bool:
+        """Answer a records request; returns whether the connection can carry another."""
         try:
             since = int(query.get("since", ["0"])[0])
         except ValueError:
@@ -320,7 +329,10 @@ class FakeServer:
         await stream.send_all(conn.send(h11.Response(status_code=200, headers=headers)) or b"")
         await stream.send_all(conn.send(h11.Data(data=body)) or b"")
         await stream.send_all(conn.send(h11.EndOfMessage()) or b"")
+        if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+            return False
         conn.start_next_cycle()
+        return True
 
     async def _respond(
         self, stream: trio.SocketStream, conn: h11.Connection, record: RequestRecord
@@ -361,9 +373,11 @@ class FakeServer:
             await stream.send_all(conn.send(head) or b"")
             record.response_started_at = trio.current_time()
             self._notify()
-            for delay, data in plan.parts:
+            for position, (delay, data) in enumerate(plan.parts):
                 if delay > 0:
                     await trio.sleep(delay)
+                elif plan.pause > 0 and position:
+                    await trio.to_thread.run_sync(time.sleep, plan.pause)
                 await stream.send_all(conn.send(h11.Data(data=data)) or b"")
                 record.chunks_written += 1
                 self._notify()
