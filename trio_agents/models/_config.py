@@ -1,4 +1,4 @@
-"""The pure half of the HTTP layer: settings, error mapping and SSE records, with no I/O.
+"""The pure half of the HTTP layer: settings, error mapping and SSE decoding, with no I/O.
 
 Nothing here imports ``httpx2`` (that stays in :mod:`._http`, the one boundary with it):
 
@@ -9,14 +9,29 @@ Nothing here imports ``httpx2`` (that stays in :mod:`._http`, the one boundary w
   pieces.
 - :class:`ServerSentEvent` and the :class:`StreamParser` protocol: what a provider's push parser
   is fed and how :class:`~._http.SSEStream` drives it.
+- :class:`SSEDecoder` - the push decoder from bytes to :class:`ServerSentEvent` records that
+  :class:`~._http.SSEStream` feeds every chunk of a stream through.
+
+Why our own SSE decoder: httpx2's public ``EventSource`` only iterates a whole ``Response``
+(it cannot be fed bytes), and its incremental parser ``httpx2._sse._SSEParser``, which we used
+before, is private, so any httpx2 release may change it.  On PyPI, ``httpx-sse`` needs ``httpx``,
+which we do not install; ``sseclient-py`` pulls from an iterator of chunks (it cannot be pushed
+to), cuts events on a fixed set of byte separators and has no size limit;
+``aiohttp-sse-client`` needs ``aiohttp``; ``sseclient`` (last release 2020) and ``sse`` (2012)
+are unmaintained.  The format is small (the WHATWG "event
+stream interpretation" section), so :class:`SSEDecoder` implements it here, shaped for the hot
+path: a chunk that is one whole ``data: ...\n\n`` event costs a ``bytes.decode``, a few string
+tests and the record, with nothing buffered.
 """
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import json
 import math
 import random
+import sys
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -27,6 +42,7 @@ import attrs
 from .._exceptions import (
     AuthenticationError,
     BadRequestError,
+    MalformedStreamError,
     ModelStatusError,
     NotFoundError,
     OverloadedError,
@@ -37,7 +53,9 @@ from ..messages import ModelResponse
 from ._base import StreamChunk
 
 __all__ = [
+    "MAX_EVENT_BYTES",
     "RetryPolicy",
+    "SSEDecoder",
     "ServerSentEvent",
     "StreamParser",
     "Timeouts",
@@ -49,6 +67,8 @@ __all__ = [
 
 #: The most of an error body an exception keeps, for logs.
 BODY_KEPT: Final = 2000
+#: The longest SSE event we accept before calling the stream malformed.
+MAX_EVENT_BYTES: Final = 4 * 1024 * 1024
 
 
 @attrs.frozen(kw_only=True)
@@ -215,6 +235,181 @@ class ServerSentEvent:
     data: str = ""
     id: str = ""
     retry: int | None = None
+
+
+class SSEDecoder:
+    """Push decoder: bytes in (split anywhere, even inside a UTF-8 sequence), events out.
+
+    Follows the WHATWG event stream format: lines end with CRLF, LF or CR (a CRLF may be split
+    across chunks); a leading BOM is dropped; ``data:`` lines are joined with ``"\\n"``; one
+    space after the colon is removed; a line with no colon is a field with an empty value;
+    comments (``: ...``) and unknown fields are skipped; an ``id`` containing NUL is ignored, and
+    the last id is carried by the events after it; ``retry`` is taken only when it is ASCII
+    digits; a blank line dispatches the event; an event still unfinished at the end of the
+    stream is dropped.  As httpx-sse did before (and unlike the browser's ``EventSource``), an
+    event with fields but no ``data`` is still dispatched (with ``data=""``), and ``retry`` is
+    the event's own (``None`` on the events that do not carry one).
+
+    Raises :class:`MalformedStreamError` for bytes that are not UTF-8 (at the chunk that holds
+    them, or at :meth:`flush` for a sequence cut off by the end) and for an event, counted in
+    UTF-8 bytes of its field lines without their line ends, over ``max_event_bytes`` (checked as
+    the bytes arrive, so a runaway event never fills memory).  After an error the decoder is
+    spent.
+    """
+
+    __slots__ = (
+        "_after_cr",
+        "_data",
+        "_event",
+        "_event_bytes",
+        "_has_fields",
+        "_last_id",
+        "_limit",
+        "_line",
+        "_line_bytes",
+        "_plain",
+        "_provider",
+        "_retry",
+        "_utf8",
+    )
+
+    def __init__(
+        self, *, provider: str = "", max_event_bytes: int | None = MAX_EVENT_BYTES
+    ) -> None:
+        self._provider = provider
+        self._limit = sys.maxsize if max_event_bytes is None else max_event_bytes
+        # utf-8-sig drops the BOM, even split across chunks.
+        self._utf8 = codecs.getincrementaldecoder("utf-8-sig")()
+        # True once the BOM question is settled and the incremental decoder holds no bytes: then
+        # a chunk can be decoded with a plain ``bytes.decode`` (much cheaper).
+        self._plain = False
+        self._line: list[str] = []  # the pieces of a line whose end has not come yet
+        self._line_bytes = 0
+        self._after_cr = False  # the last text ended with CR: a LF first in the next is its pair
+        self._event = ""
+        self._data: list[str] = []
+        self._last_id = ""
+        self._retry: int | None = None
+        self._has_fields = False
+        self._event_bytes = 0
+
+    def feed(self, data: bytes) -> list[ServerSentEvent]:
+        """Decode more bytes; returns the events they completed."""
+        if self._plain:
+            try:
+                text = data.decode()
+            except UnicodeDecodeError:  # a sequence cut by the chunk's end, or not UTF-8
+                text = self._decode(data, final=False)
+        else:
+            text = self._decode(data, final=False)
+        if text.endswith("\n\n") and not self._line and not self._after_cr and "\r" not in text:
+            # Whole events with LF line ends, nothing carried over and nothing left over (so the
+            # size of the unfinished event is checked line by line, in ``_dispatch``).
+            if (
+                text.startswith("data:")
+                and text.find("\n") == len(text) - 2
+                and not self._has_fields
+            ):
+                # The commonest case: one event of one ``data:`` line (OpenAI's chunks).
+                size = self._event_bytes + (len(text) if text.isascii() else len(text.encode())) - 2
+                if size > self._limit:
+                    raise self._too_large()
+                self._event_bytes = 0
+                value = text[6:-2] if text[5] == " " else text[5:-2]
+                return [ServerSentEvent("message", value, self._last_id, None)]
+            lines = text.split("\n")
+            lines.pop()
+            return self._dispatch(lines)
+        return self._split(text)
+
+    def flush(self) -> list[ServerSentEvent]:
+        """The stream ended: raises :class:`MalformedStreamError` if it stopped inside a UTF-8
+        sequence; what is left is an unfinished event, and is dropped.  Returns the events
+        still held back (always none today: a line is handled as soon as its end arrives)."""
+        text = self._decode(b"", final=True)
+        events = self._split(text) if text else []
+        self._line, self._line_bytes = [], 0
+        return events
+
+    def _decode(self, data: bytes, *, final: bool) -> str:
+        try:
+            text = self._utf8.decode(data, final)
+        except UnicodeDecodeError as exc:
+            raise MalformedStreamError(
+                f"the event stream is not UTF-8: {exc}", provider=self._provider
+            ) from exc
+        self._plain = self._utf8.getstate() == (b"", 0)
+        return text
+
+    def _split(self, text: str) -> list[ServerSentEvent]:
+        if self._after_cr and text:
+            self._after_cr = False
+            if text[0] == "\n":
+                text = text[1:]
+        if "\r" in text:
+            # A CR ends its line now; if a LF opens the next chunk, it is the CR's pair.
+            self._after_cr = text[-1] == "\r"
+            text = text.replace("\r\n", "\n").replace("\r", "\n")
+        lines = text.split("\n")
+        rest = lines.pop()
+        events: list[ServerSentEvent] = []
+        if lines:
+            if self._line:
+                self._line.append(lines[0])
+                lines[0] = "".join(self._line)
+                self._line, self._line_bytes = [], 0
+            events = self._dispatch(lines)
+        if rest:
+            self._line.append(rest)
+            self._line_bytes += len(rest) if rest.isascii() else len(rest.encode())
+            if self._event_bytes + self._line_bytes > self._limit:
+                raise self._too_large()
+        return events
+
+    def _dispatch(self, lines: list[str]) -> list[ServerSentEvent]:
+        """Apply complete lines (without their ends) to the event being built."""
+        events: list[ServerSentEvent] = []
+        limit = self._limit
+        for line in lines:
+            if not line:
+                self._event_bytes = 0
+                if self._has_fields:
+                    events.append(
+                        ServerSentEvent(
+                            self._event or "message",
+                            "\n".join(self._data),
+                            self._last_id,
+                            self._retry,
+                        )
+                    )
+                    self._event, self._data, self._retry = "", [], None
+                    self._has_fields = False
+                continue
+            if line[0] == ":":
+                continue
+            self._event_bytes += len(line) if line.isascii() else len(line.encode())
+            if self._event_bytes > limit:
+                raise self._too_large()
+            name, _, value = line.partition(":")
+            if value[:1] == " ":
+                value = value[1:]
+            if name == "data":
+                self._data.append(value)
+            elif name == "event":
+                self._event = value
+            elif name == "id" and "\0" not in value:
+                self._last_id = value
+            elif name == "retry" and value.isascii() and value.isdigit():
+                self._retry = int(value)
+            else:
+                continue
+            self._has_fields = True
+        return events
+
+    def _too_large(self) -> MalformedStreamError:
+        return MalformedStreamError(
+            f"Server-sent event exceeded the {self._limit} byte limit.", provider=self._provider
+        )
 
 
 class StreamParser(Protocol):

@@ -12,10 +12,10 @@ This is the only module of trio_agents that imports ``httpx2``.  It owns:
 - the error boundary: :func:`transport_error` turns httpx2 exceptions into
   :class:`~trio_agents.ModelError` subclasses; error statuses go through
   :func:`~._config.status_error`.
-- :class:`SSEDecoder` - a push decoder from bytes to :class:`ServerSentEvent` records.
 
 The pure pieces (:class:`Timeouts`, :class:`RetryPolicy`, :class:`ServerSentEvent`,
-:class:`StreamParser`, the status mapping) live in :mod:`._config` and are re-exported here.
+:class:`SSEDecoder`, :class:`StreamParser`, the status mapping) live in :mod:`._config` and are
+re-exported here.  SSE decoding uses no httpx2 API: :mod:`._config` says why it is our own.
 
 Cancellation: nothing here catches ``trio.Cancelled``.  A cancel during a backoff sleep ends it at
 once; a cancel while the stream is open closes the response (httpcore closes the socket under a
@@ -24,7 +24,6 @@ shield), so the server sees the disconnect.
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import json
 import logging
@@ -39,11 +38,6 @@ import attrs
 import httpx2
 import trio
 
-# Private httpx2 API, used here only: httpx2's bundled port of httpx-sse's incremental parser.
-# ``httpx_sse`` itself cannot be imported without ``httpx``, which we do not install.  If httpx2
-# moves or changes it, :class:`SSEDecoder` is the one place to fix.
-from httpx2._sse import _SSEParser
-
 from .._exceptions import (
     MalformedStreamError,
     ModelConnectionError,
@@ -56,8 +50,10 @@ from .._exceptions import (
 from ..messages import ModelResponse
 from ._base import StreamChunk
 from ._config import BODY_KEPT, request_id_of
+from ._config import MAX_EVENT_BYTES as MAX_EVENT_BYTES
 from ._config import RetryPolicy as RetryPolicy
 from ._config import ServerSentEvent as ServerSentEvent
+from ._config import SSEDecoder as SSEDecoder
 from ._config import StreamParser as StreamParser
 from ._config import Timeouts as Timeouts
 from ._config import parse_retry_after as parse_retry_after
@@ -88,8 +84,6 @@ HTTPClient: TypeAlias = httpx2.AsyncClient
 
 #: The most of an error body we read (the provider's message is near the start).
 ERROR_BODY_LIMIT: Final = 64 * 1024
-#: The longest SSE event we accept before calling the stream malformed.
-MAX_EVENT_BYTES: Final = 4 * 1024 * 1024
 #: After the protocol's terminator, how long we read on to reach the end of the body (so the
 #: connection can go back to the pool).  A server that holds the body open costs only this.
 _DRAIN_SECONDS: Final = 2.0
@@ -194,49 +188,6 @@ def transport_error(
 
 
 # --- server-sent events -------------------------------------------------------------------------
-
-
-class SSEDecoder:
-    """Push decoder: bytes in (split anywhere, even inside a UTF-8 sequence), events out.
-
-    Built on httpx2's port of httpx-sse's line and event parser plus an incremental UTF-8
-    decoder (which also drops a leading BOM, as the SSE spec asks).  Comments (``: ...``) are
-    skipped; an event still unfinished at the end of the stream is dropped (the spec says so).
-    The live stream uses this same class.  Raises :class:`MalformedStreamError` for bytes that
-    are not UTF-8 or an event over ``max_event_bytes``.
-    """
-
-    def __init__(
-        self, *, provider: str = "", max_event_bytes: int | None = MAX_EVENT_BYTES
-    ) -> None:
-        self._provider = provider
-        self._text = codecs.getincrementaldecoder("utf-8-sig")()
-        self._parser = _SSEParser(max_event_bytes)
-
-    def feed(self, data: bytes) -> list[ServerSentEvent]:
-        """Decode more bytes; returns the events they completed."""
-        return self._decode(data, final=False)
-
-    def flush(self) -> list[ServerSentEvent]:
-        """The stream ended: returns events completed by what was still buffered."""
-        events = self._decode(b"", final=True)
-        events += [self._convert(e) for e in self._parser.flush()]
-        return events
-
-    def _decode(self, data: bytes, *, final: bool) -> list[ServerSentEvent]:
-        try:
-            text = self._text.decode(data, final)
-            return [self._convert(e) for e in self._parser.decode(text)] if text else []
-        except UnicodeDecodeError as exc:
-            raise MalformedStreamError(
-                f"the event stream is not UTF-8: {exc}", provider=self._provider
-            ) from exc
-        except httpx2.SSEError as exc:
-            raise MalformedStreamError(str(exc), provider=self._provider) from exc
-
-    @staticmethod
-    def _convert(event: httpx2.ServerSentEvent) -> ServerSentEvent:
-        return ServerSentEvent(event=event.event, data=event.data, id=event.id, retry=event.retry)
 
 
 class SSEStream:
