@@ -137,7 +137,7 @@ class Invocation:
         self._scope = trio.CancelScope()
         self._lease_deadline = math.inf  # trio time: stop before the lease could be taken over
         self._grace_deadline = math.inf  # trio time: a safe-point cancel becomes immediate
-        self._stream_scopes: set[trio.CancelScope] = set()
+        self._stream_scopes: list[trio.CancelScope] = []  # one per open stream (few)
         self._gates: approvals.Gates | None = None
         self._mode: CancelMode | None = None
         self._reason: str | None = None
@@ -150,7 +150,7 @@ class Invocation:
         self._ctx = InvocationContext(self, (), "", input)
         self._usage = Usage()
         self._outcome: Outcome | None = None
-        self._done = trio.Event()
+        self._done: trio.Event | None = None  # made by the first wait(): most never need one
 
     def __repr__(self) -> str:
         state = self._outcome.status if self._outcome else "running"
@@ -180,7 +180,12 @@ class Invocation:
 
     async def wait(self) -> Outcome:
         """Wait for the end.  When this returns, nothing of the invocation is running."""
-        await self._done.wait()
+        if self._outcome is None:
+            if self._done is None:
+                self._done = trio.Event()
+            await self._done.wait()
+        else:
+            await trio.lowlevel.checkpoint()
         assert self._outcome is not None
         return self._outcome
 
@@ -256,9 +261,9 @@ class Invocation:
 
     def _track_stream(self, scope: trio.CancelScope, *, add: bool) -> None:
         if not add:
-            self._stream_scopes.discard(scope)
+            self._stream_scopes.remove(scope)
             return
-        self._stream_scopes.add(scope)
+        self._stream_scopes.append(scope)
         if mode_reaches(self._mode, "after_tools"):
             scope.cancel()
 
@@ -469,4 +474,5 @@ class Invocation:
             store_error=store_error or self.recorder.store_error,
         )
         self._env.forget(self)
-        self._done.set()
+        if self._done is not None:
+            self._done.set()

@@ -111,7 +111,7 @@ class Recorder:
         self.pending: list[Event] = []  # published, not yet stored
         self._held: list[Event] | None = None  # stamped while a durable write is in flight
         self._uncertain = False  # a write's fate is unknown: ids are never given back
-        self._lock = trio.Lock()
+        self._lock: trio.Lock | None = None  # made by the first durable write
         self._lot = trio.lowlevel.ParkingLot()
         self._readers = 0  # parked in wait(): publishing wakes them only when there are any
         self.paths: dict[str, PathText] = {}
@@ -237,12 +237,18 @@ class Recorder:
         self.stored = _key(event)
         self._publish(event)
 
+    def _write_lock(self) -> trio.Lock:
+        """Durable writes of one invocation go one at a time (parallel tools record at once)."""
+        if self._lock is None:
+            self._lock = trio.Lock()
+        return self._lock
+
     async def record(self, cls: type[E], **fields: Any) -> E:
         """Durable before visible: stamp, store (with the deltas before it), then publish.
 
         Raises :class:`~trio_agents.StoreError` (nothing of the event was stored or shown).
         """
-        async with self._lock:
+        async with self._write_lock():
             event = self.stamp_durable(cls, **fields)
             await self._write(event, None, deadline=float("inf"))
             return event
@@ -261,7 +267,7 @@ class Recorder:
         If it cannot be stored (within ``timeout`` for the store to take it), it is published
         as an ephemeral event with no ``checkpoint_id``.  Call it shielded.
         """
-        async with self._lock:
+        async with self._write_lock():
             seq = self._seq + 1
             event = self.stamp_durable(
                 InvocationEnded, checkpoint_id=f"{self.invocation_id}:{seq}", **fields
