@@ -178,13 +178,9 @@ class JournalWriter:
         with trio.CancelScope(shield=True) as scope:
             task_status.started(scope)
             while True:
-                if self._queue:
-                    pass
-                elif self._dirty:
-                    with trio.move_on_after(self.flush_interval):
+                if not self._queue:  # wait for a write, or for deltas to come due
+                    with trio.move_on_after(self.flush_interval if self._dirty else math.inf):
                         await self._wake.wait()
-                else:
-                    await self._wake.wait()
                 self._wake = trio.Event()
                 while self._committing:  # a caller is committing its own write
                     await self._idle.park()
