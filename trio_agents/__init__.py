@@ -54,5 +54,8 @@ from .runner import Runner as Runner
 from .tools import Tool as Tool
 from .tools import ToolContext as ToolContext
 from .tools import tool as tool
+from .turnloop import LoopEventStream as LoopEventStream
+from .turnloop import Preempt as Preempt
+from .turnloop import TurnLoop as TurnLoop
 
 __version__ = "0.1.0.dev0"

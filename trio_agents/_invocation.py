@@ -54,7 +54,14 @@ from .events import (
     stronger_mode,
 )
 from .messages import AssistantMessage, Message, Usage, UserMessage
-from .stores._base import ApprovalDecision, InvocationRecord, Lease, SessionEntry, Store
+from .stores._base import (
+    ApprovalDecision,
+    InvocationRecord,
+    JournalWrite,
+    Lease,
+    SessionEntry,
+    Store,
+)
 
 __all__ = ["EventStream", "Invocation", "InvocationEnv", "Outcome"]
 
@@ -164,6 +171,9 @@ class Invocation:
         return self._outcome
 
     def is_active(self) -> bool:
+        return self._outcome is None
+
+    def _holds_lease(self) -> bool:
         return self._outcome is None
 
     def events(self, *, after_seq: int | str | tuple[int, int] = 0) -> EventStream:
@@ -306,6 +316,9 @@ class Invocation:
             ttl = self._env.lease_ttl
             self._set_lease_deadline(sent_at + ttl * (1 - LEASE_MARGIN))
 
+    def _lease_lost(self, reason: str) -> None:
+        self.cancel("immediate", reason=reason)
+
     def _set_lease_deadline(self, deadline: float) -> None:
         self._lease_deadline = deadline
         self._scope.deadline = min(self._grace_deadline, deadline)
@@ -353,8 +366,11 @@ class Invocation:
             with trio.CancelScope(shield=True):
                 await self._finish(status, output, error, pending)
 
-    async def _open(self) -> None:
-        """Make the invocation durable (see the module docstring); raise if it cannot be."""
+    async def _open(self, with_write: JournalWrite | None = None) -> None:
+        """Make the invocation durable (see the module docstring); raise if it cannot be.
+
+        ``with_write`` (a new invocation only) is stored in the same transaction: a turn
+        loop's claim of the messages this invocation answers."""
         env, rec = self._env, self.recorder
         sent_at = trio.current_time()
         if not self.resumed:
@@ -387,6 +403,7 @@ class Invocation:
                 events=[started],
                 session_entry=entry,
                 exclusive_session=self.exclusive,
+                with_write=with_write,
             )
             rec.started(started)
         else:

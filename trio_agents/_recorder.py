@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import bisect
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any, Final, TypeVar
 
 import attrs
 import trio
 
-from ._exceptions import StoreError
+from ._exceptions import StoreError, UsageError
 from ._writer import CommitUncertain, JournalWriter
 from .events import Event, EventId, InvocationEnded, TextDelta
 from .stores._base import JournalWrite, Lease, SessionEntry
@@ -236,6 +238,24 @@ class Recorder:
         """``event`` (stamped with :meth:`stamp_durable`) was stored by the caller: publish."""
         self.stored = _key(event)
         self._publish(event)
+
+    @asynccontextmanager
+    async def stored_by_caller(self, cls: type[E], **fields: Any) -> AsyncIterator[E]:
+        """Stamp a durable event that the caller stores in a transaction of its own (a turn
+        loop's claim, stored with the turn it creates); publish it when the block ends.
+
+        Durable writes of this recorder wait meanwhile.  If the block raises a store error,
+        nothing was stored and the seq is given back; any other exception (a cancel) leaves
+        the write's fate unknown, so the seq is never given to another event.
+        """
+        async with self._write_lock():
+            event = self.stamp_durable(cls, **fields)
+            try:
+                yield event
+            except (StoreError, UsageError):
+                self._seq, self._sub = self._before
+                raise
+            self.started(event)
 
     def _write_lock(self) -> trio.Lock:
         """Durable writes of one invocation go one at a time (parallel tools record at once)."""

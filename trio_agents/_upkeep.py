@@ -8,29 +8,47 @@ of running invocations (``active``) without changing it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Protocol
 
 import trio
 
 from ._exceptions import LeaseError, StoreError
 from ._invocation import Invocation
-from .stores._base import Store
+from ._recorder import Recorder
+from .stores._base import Lease, Store
 
-__all__ = ["renew_leases", "watch_requests"]
+__all__ = ["Leaseholder", "renew_leases", "watch_requests"]
 
 logger = logging.getLogger("trio_agents.runner")
 
 
-async def renew_leases(store: Store, active: Mapping[str, Invocation], lease_ttl: float) -> None:
-    """Renew the leases of all running invocations, in one store call, every third of
-    ``lease_ttl``.  A lease that cannot be renewed ends its invocation: at once when the store
-    says another owner has it, at the lease's local deadline otherwise."""
+class Leaseholder(Protocol):
+    """What lease renewal needs of a lease's holder (an invocation, a turn loop)."""
+
+    @property
+    def recorder(self) -> Recorder: ...
+
+    def _holds_lease(self) -> bool: ...
+
+    def _lease_renewed(self, lease: Lease, sent_at: float) -> None: ...
+
+    def _lease_lost(self, reason: str) -> None: ...
+
+
+async def renew_leases(
+    store: Store, holders: Callable[[], Iterable[Leaseholder]], lease_ttl: float
+) -> None:
+    """Renew the leases of all running invocations and open turn loops (``holders()``), in
+    one store call, every third of ``lease_ttl``.  A lease that cannot be renewed ends its
+    holder: at once when the store says another owner has it, at the lease's local deadline
+    otherwise."""
     while True:
         await trio.sleep(lease_ttl / 3)
         held = [
             (inv, lease)
-            for inv in active.values()
-            if inv.outcome is None and (lease := inv.recorder.lease) is not None
+            for inv in holders()
+            if inv._holds_lease() and (lease := inv.recorder.lease) is not None
         ]
         if not held:
             continue
@@ -52,7 +70,7 @@ async def renew_leases(store: Store, active: Mapping[str, Invocation], lease_ttl
             continue
         for inv, result in zip(invs, results, strict=True):
             if isinstance(result, LeaseError):
-                inv.cancel("immediate", reason=f"lease lost: {result}")
+                inv._lease_lost(f"lease lost: {result}")
             else:
                 inv._lease_renewed(result, sent_at)
 

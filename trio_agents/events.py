@@ -74,6 +74,10 @@ __all__ = [
     "EventId",
     "InvocationEnded",
     "InvocationStarted",
+    "LoopOpened",
+    "LoopTurnEnded",
+    "LoopTurnStarted",
+    "MessageReceived",
     "ReasoningDelta",
     "Status",
     "StepFinished",
@@ -351,6 +355,77 @@ class InvocationEnded:
     pending_approvals: tuple[str, ...] = ()
 
 
+@attrs.frozen(kw_only=True)
+class LoopOpened:
+    """A turn loop was opened (or re-opened, in this or another process) by ``owner``.
+
+    The events of a turn loop are journaled under the loop's own id, ``"loop:<session id>"``
+    (see :mod:`trio_agents.turnloop`).
+    """
+
+    kind: Literal["loop_opened"] = "loop_opened"
+    invocation_id: str
+    seq: int
+    sub: int = 0
+    at: float
+    agent: str
+    session_id: str
+    user_id: str | None = None
+    owner: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class MessageReceived:
+    """A message sent to a turn loop, journaled before :meth:`TurnLoop.send` returned.
+
+    Its ``seq`` is the message's id in the loop.
+    """
+
+    kind: Literal["message_received"] = "message_received"
+    invocation_id: str
+    seq: int
+    sub: int = 0
+    at: float
+    text: str
+    user_id: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class LoopTurnStarted:
+    """A turn loop started (or resumed: ``resumed``) the invocation ``turn_id`` to answer the
+    messages ``messages`` (their seqs in the loop).
+
+    Journaled in the same transaction that creates the invocation, so a message is claimed by
+    exactly one turn.  The turn's events that belong here are those with an id above
+    ``after``, up to its next ``ended`` event.
+    """
+
+    kind: Literal["loop_turn_started"] = "loop_turn_started"
+    invocation_id: str
+    seq: int
+    sub: int = 0
+    at: float
+    turn_id: str
+    messages: tuple[int, ...] = ()
+    resumed: bool = False
+    after: str = "0"
+
+
+@attrs.frozen(kw_only=True)
+class LoopTurnEnded:
+    """The turn ``turn_id`` ended ``status`` and the loop went on (a turn cut off by the
+    loop's own shutdown has none: the next opening of the loop resumes it)."""
+
+    kind: Literal["loop_turn_ended"] = "loop_turn_ended"
+    invocation_id: str
+    seq: int
+    sub: int = 0
+    at: float
+    turn_id: str
+    status: Status
+    reason: str | None = None
+
+
 Event: TypeAlias = (
     InvocationStarted
     | TextDelta
@@ -363,6 +438,10 @@ Event: TypeAlias = (
     | ApprovalDecided
     | CancelRequested
     | InvocationEnded
+    | LoopOpened
+    | MessageReceived
+    | LoopTurnStarted
+    | LoopTurnEnded
 )
 
 _EVENT_TYPES: Final[dict[str, type[Any]]] = {
@@ -379,6 +458,10 @@ _EVENT_TYPES: Final[dict[str, type[Any]]] = {
         ApprovalDecided,
         CancelRequested,
         InvocationEnded,
+        LoopOpened,
+        MessageReceived,
+        LoopTurnStarted,
+        LoopTurnEnded,
     )
 }
 _MESSAGE_TYPES: Final[dict[str, type[Any]]] = {

@@ -62,8 +62,8 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Sequence
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import trio
@@ -71,6 +71,7 @@ import trio
 from ._exceptions import InvocationNotFound, UsageError
 from ._invocation import Invocation, InvocationEnv
 from ._outcome import Outcome
+from ._recorder import Recorder
 from ._stream import EventStream
 from ._upkeep import renew_leases, watch_requests
 from ._writer import JournalWriter
@@ -79,10 +80,11 @@ from .agents._models import models_of
 from .approvals import check_decidable
 from .events import CancelMode, EventId, check_cancel_mode
 from .models._base import Model
-from .stores._base import ApprovalDecision, CancelRequest, Store
+from .stores._base import ApprovalDecision, CancelRequest, JournalWrite, Store
 from .stores._open import open_store
+from .turnloop import LOOP_PREFIX, LoopEventStream, Policy, TurnLoop, loop_id, open_turn_loop
 
-__all__ = ["CancelMode", "EventStream", "Invocation", "Outcome", "Runner"]
+__all__ = ["CancelMode", "EventStream", "Invocation", "Outcome", "Runner", "TurnLoop"]
 
 logger = logging.getLogger("trio_agents.runner")
 
@@ -153,6 +155,7 @@ class Runner:
         self.flush_interval = flush_interval
         self.log_limit = log_limit
         self._active: dict[str, Invocation] = {}
+        self._loops: dict[str, TurnLoop] = {}  # the turn loops open here, by loop id
         self._limiter = trio.CapacityLimiter(max_active) if max_active is not None else None
         self._store: Store | None = None
         self._env: InvocationEnv | None = None
@@ -192,7 +195,7 @@ class Runner:
             )
             system = await stack.enter_async_context(trio.open_nursery())
             writer_scope = await system.start(writer.serve)
-            system.start_soon(renew_leases, store, self._active, self.lease_ttl)
+            system.start_soon(renew_leases, store, self._leaseholders, self.lease_ttl)
             system.start_soon(watch_requests, store, self._active, self.cancel_poll_interval)
             # Exits run in reverse: the invocations' nursery is left first (waiting for them),
             # then the writer (shielded: it stores their endings) and the background tasks are
@@ -217,6 +220,9 @@ class Runner:
             self._models = None
             self._store = None
             self._env = None
+
+    def _leaseholders(self) -> list[Invocation | TurnLoop]:
+        return [*self._active.values(), *self._loops.values()]
 
     # ---- start, resume, cancel ----------------------------------------------------------
 
@@ -257,6 +263,8 @@ class Runner:
         if not isinstance(input, str):
             raise UsageError(f"the input must be a str, got {type(input).__name__}")
         invocation_id = invocation_id or uuid.uuid4().hex
+        if invocation_id.startswith(LOOP_PREFIX):
+            raise UsageError(f"invocation ids starting {LOOP_PREFIX!r} are turn loops' own")
         if invocation_id in self._active:
             raise UsageError(f"invocation {invocation_id!r} is already running in this runner")
         self._agents[agent.name] = agent
@@ -285,9 +293,12 @@ class Runner:
                 self._opened[id(model)] = model
         self._opened[id(agent)] = agent
 
-    async def _launch(self, nursery: trio.Nursery, inv: Invocation) -> None:
+    async def _launch(
+        self, nursery: trio.Nursery, inv: Invocation, with_write: JournalWrite | None = None
+    ) -> None:
         """Make ``inv`` durable in the caller's task (so a failure is raised right here and a
-        cancel of the caller leaves nothing half-made), then run it in the runner's nursery."""
+        cancel of the caller leaves nothing half-made), then run it in ``nursery`` (the
+        runner's, or a turn loop's)."""
         if inv.id in self._active:
             raise UsageError(f"invocation {inv.id!r} is already running in this runner")
         await self._open_models(inv.agent)
@@ -295,7 +306,7 @@ class Runner:
         try:
             if self._limiter is not None:
                 await self._limiter.acquire_on_behalf_of(inv)
-            await inv._open()
+            await inv._open(with_write)
         except BaseException:
             self._forget(inv)
             raise
@@ -326,7 +337,22 @@ class Runner:
         has another invocation running, :class:`~trio_agents.UsageError` if it completed
         already, runs here already, or its agent is unknown to this runner.
         """
-        nursery, env = self._check_open()
+        nursery, _ = self._check_open()
+        if invocation_id.startswith(LOOP_PREFIX):
+            raise UsageError(
+                f"{invocation_id!r} is a turn loop; open it with runner.open_turn_loop"
+            )
+        return await self._resume_in(nursery, invocation_id, agent=agent, exclusive=exclusive)
+
+    async def _resume_in(
+        self,
+        nursery: trio.Nursery,
+        invocation_id: str,
+        *,
+        agent: AgentLike | None,
+        exclusive: bool,
+    ) -> Invocation:
+        _, env = self._check_open()
         if invocation_id in self._active:
             raise UsageError(f"invocation {invocation_id!r} is already running in this runner")
         record = await self.store.get_invocation(invocation_id)
@@ -352,6 +378,101 @@ class Runner:
         )
         await self._launch(nursery, inv)
         return inv
+
+    # ---- turn loops ------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def open_turn_loop(
+        self,
+        agent: AgentLike,
+        *,
+        session_id: str,
+        user_id: str | None = None,
+        policy: Policy = "queue",
+        wait: bool = False,
+    ) -> AsyncIterator[TurnLoop]:
+        """Open the conversation ``session_id`` as a :class:`~trio_agents.TurnLoop`: messages
+        in (:meth:`TurnLoop.send`), one turn of ``agent`` at a time.
+
+        ``policy`` says what a message that arrives mid-turn does: ``"queue"`` (the default),
+        ``"coalesce"``, ``"preempt"`` / :class:`~trio_agents.Preempt` or a callable (see
+        :mod:`trio_agents.turnloop`).  One process drives a conversation at a time: if
+        another holds it, raises :class:`~trio_agents.LeaseError`, or with ``wait=True``
+        waits for it.  Opening resumes a turn an earlier opening left unfinished and answers
+        the messages still pending.  Raises :class:`~trio_agents.UsageError` for a bad
+        agent, session id or policy.
+        """
+        self._check_open()
+        if not callable(getattr(agent, "run", None)) or not isinstance(
+            getattr(agent, "name", None), str
+        ):
+            raise UsageError(f"open_turn_loop needs an Agent or a workflow, got {agent!r}")
+        self._agents[agent.name] = agent
+        async with open_turn_loop(
+            self, agent, session_id=session_id, user_id=user_id, policy=policy, wait=wait
+        ) as loop:
+            yield loop
+
+    def loop_events(self, session_id: str, *, after: str | int | None = None) -> LoopEventStream:
+        """The events of the turn loop of ``session_id``, open here, elsewhere or closed,
+        after ``after`` (a :attr:`LoopEventStream.cursor`); then live."""
+        _, env = self._check_open()
+        loop = self._loops.get(loop_id(session_id))
+        return LoopEventStream(
+            env.store,
+            loop_id(session_id),
+            after,
+            live=loop.recorder if loop is not None else None,
+            live_turn=self._live_recorder,
+            poll_interval=env.poll_interval,
+        )
+
+    # the turn loop's host (turnloop.TurnHost)
+
+    def _turn_env(self) -> InvocationEnv:
+        return self._check_open()[1]
+
+    async def _start_turn(
+        self,
+        agent: AgentLike,
+        input: str,
+        *,
+        invocation_id: str,
+        user_id: str | None,
+        session_id: str,
+        nursery: trio.Nursery,
+        with_write: JournalWrite,
+    ) -> Invocation:
+        _, env = self._check_open()
+        inv = Invocation(
+            env,
+            agent,
+            invocation_id=invocation_id,
+            input=input,
+            user_id=user_id,
+            session_id=session_id,
+            resumed=False,
+        )
+        await self._launch(nursery, inv, with_write)
+        return inv
+
+    async def _resume_turn(
+        self, invocation_id: str, *, agent: AgentLike, nursery: trio.Nursery
+    ) -> Invocation:
+        return await self._resume_in(nursery, invocation_id, agent=agent, exclusive=True)
+
+    def _live_recorder(self, invocation_id: str) -> Recorder | None:
+        inv = self._active.get(invocation_id)
+        return inv.recorder if inv is not None else None
+
+    def _loop_opened(self, loop: TurnLoop) -> None:
+        self._loops[loop.id] = loop
+
+    def _loop_closed(self, loop: TurnLoop) -> None:
+        if self._loops.get(loop.id) is loop:
+            del self._loops[loop.id]
+
+    # ---- by id ------------------------------------------------------------------------------
 
     def get(self, invocation_id: str) -> Invocation:
         """The invocation running here with this id; raises :class:`InvocationNotFound`."""

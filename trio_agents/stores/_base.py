@@ -244,6 +244,7 @@ class Store(Protocol):
         events: Sequence[Event] = (),
         session_entry: SessionEntry | None = None,
         exclusive_session: bool = True,
+        with_write: JournalWrite | None = None,
     ) -> Lease:
         """Insert a new running invocation owned by ``record.owner``; return its lease (epoch 1).
 
@@ -252,8 +253,11 @@ class Store(Protocol):
         of it that is running with an unexpired lease raises :class:`~trio_agents.SessionBusy`
         naming the session and that invocation.  Then the record is inserted, the durable
         ``events`` journaled (their seqs grow from 1; as :meth:`commit` checks them) and
-        ``session_entry`` appended to the session as :meth:`commit` does.  Any error writes
-        nothing.
+        ``session_entry`` appended to the session as :meth:`commit` does.  ``with_write``, a
+        write to *another* invocation (a turn loop claiming its messages for this new turn),
+        is checked and stored in the same transaction, as :meth:`commit` would store it, and
+        its error (a :class:`~trio_agents.LeaseError` when fenced out) is raised.  Any error
+        writes nothing.
 
         Raises :class:`~trio_agents.UsageError` if the id exists already, there is no owner,
         or there is a ``session_entry`` but no ``session_id``.

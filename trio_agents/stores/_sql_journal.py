@@ -46,6 +46,7 @@ def create_invocation(
     events: Sequence[Event] = (),
     session_entry: SessionEntry | None = None,
     exclusive_session: bool = True,
+    with_write: JournalWrite | None = None,
 ) -> Lease:
     if not record.owner:
         raise UsageError("a new invocation record needs an owner")
@@ -79,6 +80,8 @@ def create_invocation(
     lease = Lease(invocation_id=record.id, owner=record.owner, epoch=1, expires_at=now + ttl)
     if events or session_entry is not None:
         _apply(tx, JournalWrite(lease=lease, events=tuple(events), session_entry=session_entry))
+    if with_write is not None:
+        _apply(tx, with_write)  # raises: the whole transaction rolls back
     return lease
 
 

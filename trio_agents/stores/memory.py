@@ -109,6 +109,7 @@ class MemoryStore:
         events: Sequence[Event] = (),
         session_entry: SessionEntry | None = None,
         exclusive_session: bool = True,
+        with_write: JournalWrite | None = None,
     ) -> Lease:
         await trio.lowlevel.checkpoint()
         if not record.owner:
@@ -133,6 +134,11 @@ class MemoryStore:
         lease = Lease(invocation_id=record.id, owner=record.owner, epoch=1, expires_at=now + ttl)
         write = JournalWrite(lease=lease, events=tuple(events), session_entry=session_entry)
         apply = self._check(write, stored, now)  # raises before anything changes
+        apply_with = (
+            self._check(with_write, self._check_fence(with_write.lease), now)
+            if with_write is not None
+            else None
+        )
         if record.session_id is not None:
             self._ensure_session(record.session_id, record.user_id, now)
             self._by_session.setdefault(record.session_id, []).append(record.id)
@@ -140,6 +146,8 @@ class MemoryStore:
         self._journals[record.id] = []
         self._events[record.id] = []
         apply()
+        if apply_with is not None:
+            apply_with()
         return lease
 
     async def get_invocation(self, invocation_id: str) -> InvocationRecord:

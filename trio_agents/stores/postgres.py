@@ -354,6 +354,7 @@ class PostgresStore:
         events: Sequence[Event] = (),
         session_entry: SessionEntry | None = None,
         exclusive_session: bool = True,
+        with_write: JournalWrite | None = None,
     ) -> Lease:
         return await self._run(
             partial(
@@ -363,6 +364,7 @@ class PostgresStore:
                 events=list(events),
                 session_entry=session_entry,
                 exclusive_session=exclusive_session,
+                with_write=with_write,
             )
         )
 

@@ -285,6 +285,7 @@ class SQLiteStore:
         events: Sequence[Event] = (),
         session_entry: SessionEntry | None = None,
         exclusive_session: bool = True,
+        with_write: JournalWrite | None = None,
     ) -> Lease:
         return await self._run(
             partial(
@@ -294,6 +295,7 @@ class SQLiteStore:
                 events=list(events),
                 session_entry=session_entry,
                 exclusive_session=exclusive_session,
+                with_write=with_write,
             ),
             write=True,
         )
