@@ -6,7 +6,8 @@ import trio_agents as ta
 
 PUBLIC = {
     "Agent", "AssistantMessage", "AuthenticationError", "BadRequestError", "CancelMode",
-    "CorruptRecordError", "EventStream", "Invocation", "InvocationNotFound", "LeaseError", "Loop",
+    "CorruptRecordError", "EventStream", "Hooks", "Invocation", "InvocationInfo",
+    "InvocationNotFound", "LeaseError", "Loop",
     "MalformedStreamError", "MaxTurnsExceeded", "Message", "ModelConnectionError", "ModelError",
     "ModelRequest", "ModelResponse", "ModelStatusError", "ModelTimeoutError", "NotFoundError",
     "Outcome", "OverloadedError", "Parallel", "RateLimitError", "Runner", "Sequential",
@@ -19,7 +20,8 @@ PUBLIC = {
 
 def test_public_names_are_pinned() -> None:
     exported = {name for name in vars(ta) if not name.startswith("_")}
-    exported -= {"agents", "approvals", "messages", "runner", "tools"}  # submodules bound by import
+    # submodules bound by import
+    exported -= {"agents", "approvals", "hooks", "messages", "runner", "tools"}
     assert exported == PUBLIC | ({"testing"} & exported)
 
 
