@@ -6,8 +6,8 @@ import trio_agents as ta
 
 PUBLIC = {
     "Agent", "AssistantMessage", "AuthenticationError", "BadRequestError", "CancelMode",
-    "CorruptRecordError", "EventStream", "Invocation", "InvocationNotFound", "LeaseError", "Loop",
-    "LoopEventStream", "Preempt", "TurnLoop",
+    "CorruptRecordError", "EventStream", "Hooks", "Invocation", "InvocationInfo",
+    "InvocationNotFound", "LeaseError", "Loop", "LoopEventStream", "Preempt", "TurnLoop",
     "MalformedStreamError", "MaxTurnsExceeded", "Message", "ModelConnectionError", "ModelError",
     "ModelRequest", "ModelResponse", "ModelStatusError", "ModelTimeoutError", "NotFoundError",
     "Outcome", "OverloadedError", "Parallel", "RateLimitError", "Runner", "Sequential",
@@ -21,7 +21,7 @@ PUBLIC = {
 def test_public_names_are_pinned() -> None:
     exported = {name for name in vars(ta) if not name.startswith("_")}
     # submodules bound by import
-    exported -= {"agents", "approvals", "messages", "runner", "tools", "turnloop"}
+    exported -= {"agents", "approvals", "hooks", "messages", "runner", "tools", "turnloop"}
     assert exported == PUBLIC | ({"testing"} & exported)
 
 

@@ -36,6 +36,8 @@ from .agents import Agent as Agent
 from .agents import Loop as Loop
 from .agents import Parallel as Parallel
 from .agents import Sequential as Sequential
+from .hooks import Hooks as Hooks
+from .hooks import InvocationInfo as InvocationInfo
 from .messages import AssistantMessage as AssistantMessage
 from .messages import Message as Message
 from .messages import ModelRequest as ModelRequest

@@ -53,6 +53,7 @@ from .events import (
     mode_reaches,
     stronger_mode,
 )
+from .hooks import HookSet, InvocationHooks
 from .messages import AssistantMessage, Message, Usage, UserMessage
 from .stores._base import (
     ApprovalDecision,
@@ -83,6 +84,7 @@ class InvocationEnv:
     log_limit: int
     poll_interval: float
     forget: Callable[[Invocation], None]
+    hooks: HookSet | None = None
 
 
 class Invocation:
@@ -101,6 +103,7 @@ class Invocation:
         "_gates",
         "_grace_deadline",
         "_history",
+        "_hooks",
         "_lease_deadline",
         "_mode",
         "_outcome",
@@ -155,6 +158,7 @@ class Invocation:
             invocation_id, writer=env.writer, head=head, log_limit=env.log_limit
         )
         self._ctx = InvocationContext(self, (), "", input)
+        self._hooks: InvocationHooks | None = env.hooks.bind(self, env.store) if env.hooks else None
         self._usage = Usage()
         self._outcome: Outcome | None = None
         self._done: trio.Event | None = None  # made by the first wait(): most never need one
@@ -327,6 +331,12 @@ class Invocation:
 
     async def _main(self) -> None:
         """The invocation's task, started once :meth:`_open` made it durable."""
+        if self._hooks is not None:  # it owns the on_event follower, if any (see .hooks)
+            await self._hooks.run(self._run)
+        else:
+            await self._run()
+
+    async def _run(self) -> None:
         status: Status | None = None
         output = ""
         error: BaseException | None = None
@@ -427,6 +437,8 @@ class Invocation:
         self._set_lease_deadline(sent_at + env.lease_ttl * (1 - LEASE_MARGIN))
 
     async def _body(self) -> str:
+        if self._hooks is not None:
+            await self._hooks.started()
         if self.session_id is not None:
             store = self._env.store
             try:
@@ -474,7 +486,7 @@ class Invocation:
         ended, store_error = await self.recorder.end(
             fields, entry, timeout=self._env.cleanup_timeout
         )
-        self._outcome = Outcome(
+        outcome = Outcome(
             invocation_id=self.id,
             status=ended.status,
             output=ended.output,
@@ -490,6 +502,9 @@ class Invocation:
             pending_approvals=ended.pending_approvals,
             store_error=store_error or self.recorder.store_error,
         )
+        if self._hooks is not None:  # shielded, bounded; before wait() returns (see .hooks)
+            await self._hooks.ended(outcome)
+        self._outcome = outcome
         self._env.forget(self)
         if self._done is not None:
             self._done.set()

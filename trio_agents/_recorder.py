@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Final, TypeVar
 
@@ -84,6 +84,7 @@ class Recorder:
         "lease",
         "log",
         "log_limit",
+        "on_recorded",
         "origin",
         "paths",
         "pending",
@@ -119,6 +120,8 @@ class Recorder:
         self.paths: dict[str, PathText] = {}
         self.store_error: str | None = None
         self.closed = False
+        # Awaited after each durable event is published (the inline hooks: see .hooks).
+        self.on_recorded: Callable[[Event], Awaitable[None]] | None = None
 
     def path_text(self, path: str) -> PathText:
         text = self.paths.get(path)
@@ -264,14 +267,17 @@ class Recorder:
         return self._lock
 
     async def record(self, cls: type[E], **fields: Any) -> E:
-        """Durable before visible: stamp, store (with the deltas before it), then publish.
+        """Durable before visible: stamp, store (with the deltas before it), then publish;
+        then call :attr:`on_recorded`, if set (out of the write lock).
 
         Raises :class:`~trio_agents.StoreError` (nothing of the event was stored or shown).
         """
         async with self._write_lock():
             event = self.stamp_durable(cls, **fields)
             await self._write(event, None, deadline=float("inf"))
-            return event
+        if self.on_recorded is not None:
+            await self.on_recorded(event)
+        return event
 
     # `timeout` bounds how long the store may take to *take* the write (see JournalWriter.write),
     # not the call: a write being committed is always waited for, so its fate is known.

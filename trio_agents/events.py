@@ -15,10 +15,10 @@ Identity
       approval requested/decided, the stored terminal event) takes the next ``seq`` with
       ``sub == 0``; it is written to the store *before* anyone sees it, so the store's
       ``last_seq`` is the highest durable ``seq`` ever published;
-    * an **ephemeral** event (text and reasoning deltas, cancel requests) is published at once,
-      numbered ``(last durable seq, 1), (.., 2), ...``; the store keeps them in batches,
-      written with the next durable event (and at the end), so the store holds every event a
-      finished turn published, in order, with no gap;
+    * an **ephemeral** event (text and reasoning deltas, cancel requests, hook warnings) is
+      published at once, numbered ``(last durable seq, 1), (.., 2), ...``; the store keeps
+      them in batches, written with the next durable event (and at the end), so the store
+      holds every event a finished turn published, in order, with no gap;
     * a terminal event whose write failed is published as an ephemeral one (it is not in the
       store, and its ``checkpoint_id`` is ``None``).
 
@@ -72,6 +72,7 @@ __all__ = [
     "ErrorInfo",
     "Event",
     "EventId",
+    "HookWarning",
     "InvocationEnded",
     "InvocationStarted",
     "LoopOpened",
@@ -329,6 +330,24 @@ class CancelRequested:
 
 
 @attrs.frozen(kw_only=True)
+class HookWarning:
+    """A lifecycle hook raised or was cut off at its deadline (see :mod:`trio_agents.hooks`);
+    the invocation went on as if it had returned.  Ephemeral; only the first failure of each
+    ``hook`` and ``method`` per run is published (every one is logged)."""
+
+    kind: Literal["warning"] = "warning"
+    invocation_id: str
+    seq: int
+    sub: int = 0
+    at: float
+    hook: str
+    method: str
+    message: str
+    error: ErrorInfo | None = None
+    timed_out: bool = False
+
+
+@attrs.frozen(kw_only=True)
 class InvocationEnded:
     """The one terminal event of an invocation.
 
@@ -437,6 +456,7 @@ Event: TypeAlias = (
     | ApprovalRequested
     | ApprovalDecided
     | CancelRequested
+    | HookWarning
     | InvocationEnded
     | LoopOpened
     | MessageReceived
@@ -457,6 +477,7 @@ _EVENT_TYPES: Final[dict[str, type[Any]]] = {
         ApprovalRequested,
         ApprovalDecided,
         CancelRequested,
+        HookWarning,
         InvocationEnded,
         LoopOpened,
         MessageReceived,

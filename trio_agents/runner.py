@@ -53,6 +53,11 @@ Approvals
     journaled (``approval_decided``) by the invocation when it takes it up.  Past
     ``approval_timeout`` the invocation ends ``paused`` (a cold pause: no task, no lease); a
     decision made meanwhile waits in the store, and :meth:`Runner.resume` continues.
+
+Hooks
+    ``Runner(hooks=[...])`` calls your code as each invocation starts, records a tool call, a
+    tool result or an approval request, publishes an event, and ends; see
+    :mod:`trio_agents.hooks` for who calls each one and what a cancel or a deadline does.
 """
 
 from __future__ import annotations
@@ -79,6 +84,7 @@ from .agents._context import AgentLike
 from .agents._models import models_of
 from .approvals import check_decidable
 from .events import CancelMode, EventId, check_cancel_mode
+from .hooks import HookSet
 from .models._base import Model
 from .stores._base import ApprovalDecision, CancelRequest, JournalWrite, Store
 from .stores._open import open_store
@@ -116,6 +122,10 @@ class Runner:
             follower in another process sees of a turn as it streams).
         log_limit: stored events each invocation keeps in memory for its readers; a reader
             further behind continues from the store.
+        hooks: lifecycle hooks (:class:`~trio_agents.Hooks`, or any objects with some of its
+            async methods), called in this order; see :mod:`trio_agents.hooks`.
+        hook_timeout: the deadline of each hook call; a hook cut off at it is reported as a
+            ``warning`` event, and the invocation carries on.
     """
 
     def __init__(
@@ -131,6 +141,8 @@ class Runner:
         max_active: int | None = None,
         flush_interval: float = 0.25,
         log_limit: int = 1024,
+        hooks: Sequence[object] = (),
+        hook_timeout: float = 5.0,
     ) -> None:
         if lease_ttl <= 0 or cleanup_timeout <= 0 or cancel_poll_interval <= 0:
             raise UsageError(
@@ -154,6 +166,7 @@ class Runner:
         self.max_active = max_active
         self.flush_interval = flush_interval
         self.log_limit = log_limit
+        self._hooks = HookSet.of(hooks, timeout=hook_timeout)
         self._active: dict[str, Invocation] = {}
         self._loops: dict[str, TurnLoop] = {}  # the turn loops open here, by loop id
         self._limiter = trio.CapacityLimiter(max_active) if max_active is not None else None
@@ -192,6 +205,7 @@ class Runner:
                 log_limit=self.log_limit,
                 poll_interval=min(self.cancel_poll_interval, 0.25),
                 forget=self._forget,
+                hooks=self._hooks,
             )
             system = await stack.enter_async_context(trio.open_nursery())
             writer_scope = await system.start(writer.serve)

@@ -1,0 +1,381 @@
+"""Lifecycle hooks: code of yours that the runner calls as an invocation lives and ends.
+
+``Runner(hooks=[...], hook_timeout=5.0)`` takes objects with any subset of six async methods
+(subclass :class:`Hooks`, whose methods do nothing, or write any object with the methods you
+need).  Each method gets the invocation's :class:`InvocationInfo` first, then one record:
+
+==========================  ==================================================================
+``on_invocation_start``     the invocation is durable and its body is about to run (also on
+                            a resume: ``info.resumed``)
+``on_tool_start(call)``     a :class:`~trio_agents.ToolCall`'s intent is journaled; the tool
+                            runs once the hook returns
+``on_tool_end(result)``     a :class:`~trio_agents.ToolResult` is journaled, before the model
+                            sees it - every recorded result, including calls answered without
+                            running (declined, not started, unknown outcome after a crash),
+                            so it can come without an ``on_tool_start``
+``on_gate(request)``        an ``approval_requested`` event
+                            (:class:`~trio_agents.events.ApprovalRequested`) is journaled;
+                            the wait for the person begins once the hook returns
+``on_event(event)``         every :class:`~trio_agents.events.Event` of this run, in id order,
+                            deltas and the terminal event included: what
+                            ``inv.events(after_seq=<where this run began>)`` yields
+``on_invocation_end``       the :class:`~trio_agents.Outcome`, once the terminal event is
+                            stored and published; a cancel shows as ``status == "cancelled"``
+                            with ``reason`` and ``cancel_mode``
+==========================  ==================================================================
+
+Hooks are called in the order given, one after the other.  A hook observes; it cannot change
+what the invocation does.
+
+Who owns the calls
+    The inline methods (``on_invocation_start``, ``on_tool_start``, ``on_tool_end``,
+    ``on_gate``) are awaited by the task that reached the point - the invocation's own task,
+    or the tool call's task - inside the invocation's cancel scope.  The durable write comes
+    first (the recorder calls the hook after it stored and published the event), so a hook
+    never sees something the journal does not hold.
+
+    ``on_event`` is called by one follower task per invocation (only if some hook has
+    ``on_event``), reading an :class:`~._stream.EventStream` over the invocation's live log.
+    A slow hook costs a cursor, never memory: the log is bounded, and a follower that falls
+    behind it reads the store.  The hot path (publishing a delta) never waits for a hook.
+    The follower lives in a nursery that the invocation's task opens around its whole life,
+    so it never outlives the invocation; ``wait()`` returns after it has finished.
+
+    ``on_invocation_end`` is awaited in the invocation's shielded cleanup, after the terminal
+    event is stored and published and after the follower has delivered it, and before
+    ``wait()`` returns (and before the runner forgets the invocation).
+
+What happens on cancel
+    ``trio.Cancelled`` is never caught.  A cancel of the invocation cancels an inline hook that
+    is running (it is inside the invocation's scope) and the invocation ends ``cancelled`` as it
+    would without hooks.  The follower is outside that scope and shielded, so ``on_event``
+    still sees the terminal event of a cancelled invocation, or of a runner shutting down; it
+    is bounded instead by the deadline below.  ``on_invocation_end`` runs shielded, so it runs
+    after any cancel, runner shutdown included.
+
+Deadlines and failures
+    Each call is bounded by ``hook_timeout`` (a ``trio.move_on_after``).  A hook that raises
+    (an ``Exception``) or is cut off at its deadline is logged on the ``trio_agents.hooks``
+    logger and reported as a ``warning`` event (:class:`~trio_agents.events.HookWarning`):
+    the invocation carries on as if the hook had returned - a hook's failure never becomes a
+    tool error or a failed invocation.  The event is ephemeral (published at once, stored with
+    the next batch): it records nothing a resume needs.  Only the first failure of each hook
+    method is published per invocation (every one is logged), so a hook that fails on every
+    event cannot flood the stream or feed on its own warnings.  Once the ending is decided no
+    event may follow the terminal one, so failures from then on (``on_invocation_end``, a
+    late ``on_event``) are logged only.
+
+    After the terminal event, the follower has ``hook_timeout`` more to catch up; a hook still
+    behind then is cut off (logged) so ``wait()`` never hangs.  So ``wait()`` returns at most
+    about ``2 * hook_timeout`` later than it would without hooks.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Final, Protocol
+
+import attrs
+import trio
+
+from ._exceptions import UsageError
+from ._outcome import Outcome
+from ._recorder import Recorder
+from ._stream import EventStream
+from .agents._context import AgentLike
+from .events import (
+    ApprovalRequested,
+    ErrorInfo,
+    Event,
+    HookWarning,
+    ToolCallFinished,
+    ToolCallStarted,
+)
+from .messages import ToolCall, ToolResult
+from .stores._base import Store
+
+__all__ = ["HOOK_METHODS", "HookHost", "HookSet", "Hooks", "InvocationHooks", "InvocationInfo"]
+
+logger = logging.getLogger("trio_agents.hooks")
+
+HOOK_METHODS: Final = (
+    "on_invocation_start",
+    "on_event",
+    "on_tool_start",
+    "on_tool_end",
+    "on_gate",
+    "on_invocation_end",
+)
+
+_INLINE: Final[dict[type[Any], str]] = {
+    ToolCallStarted: "on_tool_start",
+    ToolCallFinished: "on_tool_end",
+    ApprovalRequested: "on_gate",
+}
+"""Recorded events that call an inline hook method, and the record the method gets."""
+
+
+@attrs.frozen(kw_only=True)
+class InvocationInfo:
+    """The invocation a hook is called for (every method gets it first)."""
+
+    invocation_id: str
+    agent: str
+    input: str
+    user_id: str | None = None
+    session_id: str | None = None
+    resumed: bool = False
+
+
+class Hooks:
+    """Lifecycle hooks with methods that do nothing: override the ones you need.
+
+    Any object with some of these async methods will do as well.  See :mod:`trio_agents.hooks`
+    for when each is called, what a cancel does to it, and its deadline.
+    """
+
+    async def on_invocation_start(self, inv: InvocationInfo) -> None:
+        """The invocation is durable and about to run (or resume)."""
+
+    async def on_event(self, inv: InvocationInfo, event: Event) -> None:
+        """Each event of this run, in order (deltas and the terminal event included)."""
+
+    async def on_tool_start(self, inv: InvocationInfo, call: ToolCall) -> None:
+        """A tool call's intent is journaled; the tool runs when this returns."""
+
+    async def on_tool_end(self, inv: InvocationInfo, result: ToolResult) -> None:
+        """A tool result is journaled, before the model sees it."""
+
+    async def on_gate(self, inv: InvocationInfo, request: ApprovalRequested) -> None:
+        """A tool call waits for a person's approval (``request.approval_id``)."""
+
+    async def on_invocation_end(self, inv: InvocationInfo, outcome: Outcome) -> None:
+        """The invocation ended; its terminal event is stored and published."""
+
+
+HookMethod = Callable[..., Awaitable[None]]
+
+
+def _hook_name(hook: object) -> str:
+    name = getattr(hook, "name", None)
+    return name if isinstance(name, str) and name else type(hook).__name__
+
+
+def _methods_of(hook: object) -> dict[str, HookMethod]:
+    """The hook methods ``hook`` implements (a :class:`Hooks` default is not one); raise
+    :class:`UsageError` for a sync method or an object with none."""
+    found: dict[str, HookMethod] = {}
+    for name in HOOK_METHODS:
+        method = getattr(hook, name, None)
+        if method is None:
+            continue
+        if isinstance(hook, Hooks) and getattr(type(hook), name, None) is getattr(Hooks, name):
+            continue  # the default: nothing to call
+        if not inspect.iscoroutinefunction(method):
+            raise UsageError(
+                f"hook {_hook_name(hook)!r}: {name} must be an async method (`async def "
+                f"{name}(self, ...)`), got {method!r}"
+            )
+        found[name] = method
+    if not found and not isinstance(hook, Hooks):
+        raise UsageError(
+            f"{hook!r} is not a hook: it has none of the hook methods "
+            f"({', '.join(HOOK_METHODS)}); subclass trio_agents.Hooks and override some"
+        )
+    return found
+
+
+class HookHost(Protocol):
+    """What a bound hook set needs from its invocation."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def agent(self) -> AgentLike: ...
+
+    @property
+    def input(self) -> str: ...
+
+    @property
+    def user_id(self) -> str | None: ...
+
+    @property
+    def session_id(self) -> str | None: ...
+
+    @property
+    def resumed(self) -> bool: ...
+
+    @property
+    def recorder(self) -> Recorder: ...
+
+    @property
+    def _ending(self) -> bool:
+        """The ending is decided: no event may be published but the terminal one."""
+        ...
+
+
+class HookSet:
+    """A runner's hooks, checked once; :meth:`bind` makes each invocation's
+    :class:`InvocationHooks`."""
+
+    __slots__ = ("by_method", "timeout")
+
+    def __init__(self, hooks: Sequence[object], *, timeout: float) -> None:
+        if isinstance(hooks, (str, bytes)) or not isinstance(hooks, (list, tuple)):
+            raise UsageError(f"hooks must be a list of hook objects, got {hooks!r}")
+        if not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise UsageError(f"hook_timeout must be positive seconds, got {timeout!r}")
+        self.timeout = float(timeout)
+        self.by_method: dict[str, list[tuple[str, HookMethod]]] = {}
+        for hook in hooks:
+            for name, method in _methods_of(hook).items():
+                self.by_method.setdefault(name, []).append((_hook_name(hook), method))
+
+    @classmethod
+    def of(cls, hooks: Sequence[object], *, timeout: float) -> HookSet | None:
+        """The checked set, or ``None`` when no hook has a method to call (the runner then
+        makes nothing per invocation)."""
+        found = cls(hooks, timeout=timeout)
+        return found if found.by_method else None
+
+    def bind(self, host: HookHost, store: Store) -> InvocationHooks:
+        """The hooks of the invocation ``host``, whose events are in ``store``."""
+        return InvocationHooks(self, host, store)
+
+
+class InvocationHooks:
+    """One invocation's hook calls.  See the module docstring."""
+
+    __slots__ = (
+        "_done",
+        "_follower",
+        "_host",
+        "_info",
+        "_methods",
+        "_store",
+        "_timeout",
+        "_warned",
+    )
+
+    def __init__(self, hooks: HookSet, host: HookHost, store: Store) -> None:
+        self._host = host
+        self._store = store
+        self._methods = hooks.by_method
+        self._timeout = hooks.timeout
+        self._info = InvocationInfo(
+            invocation_id=host.id,
+            agent=host.agent.name,
+            input=host.input,
+            user_id=host.user_id,
+            session_id=host.session_id,
+            resumed=host.resumed,
+        )
+        self._warned: set[tuple[str, str]] = set()
+        self._follower: trio.CancelScope | None = None
+        self._done: trio.Event | None = None
+        if any(name in self._methods for name in _INLINE.values()):
+            host.recorder.on_recorded = self._recorded
+
+    # ---- the invocation's side ------------------------------------------------------------
+
+    async def run(self, main: Callable[[], Awaitable[None]]) -> None:
+        """Run ``main`` (the invocation's life, ending included) in this task, with the
+        ``on_event`` follower beside it if some hook has ``on_event``."""
+        if "on_event" not in self._methods:
+            await main()
+            return
+        follower = self._follower = trio.CancelScope(shield=True)
+        done = self._done = trio.Event()
+        async with trio.open_nursery() as nursery:
+            name = f"hooks on_event {self._info.invocation_id}"
+            nursery.start_soon(self._follow, follower, done, name=name)
+            try:
+                await main()
+            finally:
+                follower.cancel()  # it has delivered the end already, unless main() broke
+
+    async def started(self) -> None:
+        await self._call_all("on_invocation_start")
+
+    async def ended(self, outcome: Outcome) -> None:
+        """Let the follower deliver the terminal event, then call ``on_invocation_end``.
+        Call it shielded, once the terminal event is published."""
+        if self._follower is not None and self._done is not None:
+            with trio.move_on_after(self._timeout):
+                await self._done.wait()
+            if not self._done.is_set():
+                logger.warning(
+                    "on_event hooks of invocation %s had not caught up %gs after its end; cut off",
+                    self._info.invocation_id,
+                    self._timeout,
+                )
+                self._follower.cancel()
+                await self._done.wait()
+        await self._call_all("on_invocation_end", outcome)
+
+    async def _recorded(self, event: Event) -> None:
+        method = _INLINE.get(type(event))
+        if method is None or method not in self._methods:
+            return
+        if isinstance(event, ToolCallStarted):
+            await self._call_all(method, event.call)
+        elif isinstance(event, ToolCallFinished):
+            await self._call_all(method, event.result)
+        else:
+            await self._call_all(method, event)
+
+    # ---- calls ------------------------------------------------------------------------------
+
+    async def _follow(self, scope: trio.CancelScope, done: trio.Event) -> None:
+        rec = self._host.recorder
+        try:
+            with scope:
+                stream = EventStream(self._store, self._info.invocation_id, rec.origin, live=rec)
+                try:
+                    async for event in stream:
+                        await self._call_all("on_event", event)
+                except Exception as exc:  # the store could not be read: stop following
+                    why = f"on_event stopped: the events could not be read: {type(exc).__name__}"
+                    self._failed("*", "on_event", exc, message=f"{why}: {exc}")
+        finally:
+            done.set()
+
+    async def _call_all(self, method: str, *args: Any) -> None:
+        for name, fn in self._methods.get(method, ()):
+            await self._call(name, method, fn, args)
+
+    async def _call(self, name: str, method: str, fn: HookMethod, args: tuple[Any, ...]) -> None:
+        with trio.move_on_after(self._timeout) as deadline:
+            try:
+                await fn(self._info, *args)
+            except Exception as exc:  # trio.Cancelled is a BaseException: it passes
+                self._failed(name, method, exc)
+                return
+        if deadline.cancelled_caught:
+            self._failed(name, method, None)
+
+    def _failed(
+        self, name: str, method: str, exc: Exception | None, *, message: str | None = None
+    ) -> None:
+        inv_id = self._info.invocation_id
+        if exc is None:
+            message = f"hook {name}.{method} did not return within {self._timeout:g}s; cut off"
+            logger.warning("%s (invocation %s)", message, inv_id)
+        else:
+            message = message or f"hook {name}.{method} raised {type(exc).__name__}: {exc}"
+            logger.warning("%s (invocation %s)", message, inv_id, exc_info=exc)
+        rec = self._host.recorder
+        if (name, method) in self._warned or self._host._ending or rec.closed:
+            return
+        self._warned.add((name, method))
+        rec.publish_ephemeral(
+            HookWarning,
+            hook=name,
+            method=method,
+            message=message,
+            error=ErrorInfo.from_exception(exc) if exc is not None else None,
+            timed_out=exc is None,
+        )
