@@ -6,14 +6,15 @@ import trio_agents as ta
 
 PUBLIC = {
     "Agent", "AssistantMessage", "AuthenticationError", "BadRequestError", "CancelMode",
-    "CorruptRecordError", "EventStream", "Invocation", "InvocationNotFound", "LeaseError", "Loop",
-    "MalformedStreamError", "MaxTurnsExceeded", "Message", "ModelConnectionError", "ModelError",
-    "ModelRequest", "ModelResponse", "ModelStatusError", "ModelTimeoutError", "NotFoundError",
-    "Outcome", "OverloadedError", "Parallel", "RateLimitError", "Runner", "Sequential",
-    "ServerError", "SessionBusy", "SessionNotFound", "StoreError", "StoreUnavailableError",
-    "StreamBrokenError", "StreamErrorEvent", "Tool", "ToolCall", "ToolContext", "ToolError",
-    "ToolResult", "ToolResultMessage", "ToolSpec", "TrioAgentsError", "Usage", "UsageError",
-    "UserMessage", "events", "models", "stores", "tool",
+    "CorruptRecordError", "EventStream", "GateClosed", "Invocation", "InvocationNotFound",
+    "LeaseError", "Loop", "MalformedStreamError", "MaxTurnsExceeded", "Message",
+    "ModelConnectionError", "ModelError", "ModelRequest", "ModelResponse", "ModelStatusError",
+    "ModelTimeoutError", "NeedsCredential", "NotFoundError", "Outcome", "OverloadedError",
+    "Parallel", "RateLimitError", "Runner", "Sequential", "ServerError", "SessionBusy",
+    "SessionNotFound", "StoreError", "StoreUnavailableError", "StreamBrokenError",
+    "StreamErrorEvent", "Tool", "ToolCall", "ToolContext", "ToolError", "ToolResult",
+    "ToolResultMessage", "ToolSpec", "TrioAgentsError", "Usage", "UsageError", "UserMessage",
+    "events", "models", "stores", "tool",
 }  # fmt: skip
 
 

@@ -52,7 +52,7 @@ async def renew_leases(store: Store, active: Mapping[str, Invocation], lease_ttl
             continue
         for inv, result in zip(invs, results, strict=True):
             if isinstance(result, LeaseError):
-                inv.cancel("immediate", reason=f"lease lost: {result}")
+                inv._lose_lease(f"lease lost: {result}")
             else:
                 inv._lease_renewed(result, sent_at)
 
