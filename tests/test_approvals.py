@@ -159,7 +159,7 @@ async def test_cancel_ends_a_parked_approval(
     mode: CancelMode, autojump_clock: trio.abc.Clock
 ) -> None:
     """Any cancel mode ends the wait for a person: one terminal event, nothing ran, no task
-    left; a decision that comes later is kept for a resume but runs nothing now."""
+    left; the gate ends ``cancelled``, and a decision that comes later is refused."""
     probe = Deployer()
     model = ScriptedModel([calls(DEPLOY_API), "never"])
     async with Runner() as runner:
@@ -170,10 +170,15 @@ async def test_cancel_ends_a_parked_approval(
             outcome = await inv.wait()
         assert f"invocation {inv.id}" not in live_task_names()
         events = await collect(inv)
-        assert await runner.decide(inv.id, asked.approval_id, approved=True)
+        with pytest.raises(ta.GateClosed, match="cancelled") as closed:
+            await runner.decide(inv.id, asked.approval_id, approved=True)
+        assert closed.value.state == "cancelled"
         await trio.sleep(10)
     assert outcome.status == "cancelled"
     assert outcome.reason == "user pressed stop"
+    assert outcome.gates == {"1:c0": "cancelled"}
+    [decided] = [e for e in events if isinstance(e, ApprovalDecided)]
+    assert (decided.state, decided.approved) == ("cancelled", False)
     assert len(terminal_events(events)) == 1
     assert probe.deployed == []
     assert len(model.requests) == 1

@@ -6,15 +6,15 @@ import trio_agents as ta
 
 PUBLIC = {
     "Agent", "AssistantMessage", "AuthenticationError", "BadRequestError", "CancelMode",
-    "CorruptRecordError", "EventStream", "Hooks", "Invocation", "InvocationInfo",
-    "InvocationNotFound", "LeaseError", "Loop", "LoopEventStream", "Preempt", "TurnLoop",
-    "MalformedStreamError", "MaxTurnsExceeded", "Message", "ModelConnectionError", "ModelError",
-    "ModelRequest", "ModelResponse", "ModelStatusError", "ModelTimeoutError", "NotFoundError",
-    "Outcome", "OverloadedError", "Parallel", "RateLimitError", "Runner", "Sequential",
+    "CorruptRecordError", "EventStream", "GateClosed", "Hooks", "Invocation", "InvocationInfo",
+    "InvocationNotFound", "LeaseError", "Loop", "LoopEventStream", "MalformedStreamError",
+    "MaxTurnsExceeded", "Message", "ModelConnectionError", "ModelError", "ModelRequest",
+    "ModelResponse", "ModelStatusError", "ModelTimeoutError", "NeedsCredential", "NotFoundError",
+    "Outcome", "OverloadedError", "Parallel", "Preempt", "RateLimitError", "Runner", "Sequential",
     "ServerError", "SessionBusy", "SessionNotFound", "StoreError", "StoreUnavailableError",
     "StreamBrokenError", "StreamErrorEvent", "Tool", "ToolCall", "ToolContext", "ToolError",
-    "ToolResult", "ToolResultMessage", "ToolSpec", "TrioAgentsError", "Usage", "UsageError",
-    "UserMessage", "events", "models", "stores", "tool",
+    "ToolResult", "ToolResultMessage", "ToolSpec", "TrioAgentsError", "TurnLoop", "Usage",
+    "UsageError", "UserMessage", "events", "models", "stores", "tool",
 }  # fmt: skip
 
 

@@ -734,7 +734,8 @@ async def test_open_store_postgres_url_with_schema(postgres_url: str, postgres_s
                     (postgres_schema,),
                 )
             )
-            assert rows[0][0] == 8  # six tables, approval_decisions (2), event_batches (3)
+            assert rows[0][0] == 9  # six tables, approval_decisions (2), event_batches (3),
+            # gate_secrets (4)
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ from . import stores as stores
 from ._exceptions import AuthenticationError as AuthenticationError
 from ._exceptions import BadRequestError as BadRequestError
 from ._exceptions import CorruptRecordError as CorruptRecordError
+from ._exceptions import GateClosed as GateClosed
 from ._exceptions import InvocationNotFound as InvocationNotFound
 from ._exceptions import LeaseError as LeaseError
 from ._exceptions import MalformedStreamError as MalformedStreamError
@@ -19,6 +20,7 @@ from ._exceptions import ModelConnectionError as ModelConnectionError
 from ._exceptions import ModelError as ModelError
 from ._exceptions import ModelStatusError as ModelStatusError
 from ._exceptions import ModelTimeoutError as ModelTimeoutError
+from ._exceptions import NeedsCredential as NeedsCredential
 from ._exceptions import NotFoundError as NotFoundError
 from ._exceptions import OverloadedError as OverloadedError
 from ._exceptions import RateLimitError as RateLimitError

@@ -5,6 +5,8 @@ world outside, and signals are kept apart::
 
     TrioAgentsError
     ├── UsageError (ValueError)            you called us wrong: fix the code, do not retry
+    │   └── GateClosed                     a decision, result or credential came for a gate
+    │                                      that ended already (expired, cancelled, ...)
     ├── ModelError                         the model server failed us (carries provider, status,
     │   │                                  request id and the provider's own message)
     │   ├── ModelConnectionError           no connection could be made (before any byte)
@@ -22,6 +24,8 @@ world outside, and signals are kept apart::
     │   └── StreamErrorEvent               an error event inside a 200 stream (Groq, OpenRouter,
     │                                      Anthropic, OpenAI Responses)
     ├── ToolError                          raised *by a tool* to send a message back to the model
+    ├── NeedsCredential                    raised *by a tool*: a signal, not a failure - the
+    │                                      invocation asks for the credential, then runs it again
     ├── MaxTurnsExceeded                   the agent loop ran out of turns
     └── StoreError                         the store could not do what was asked
         ├── InvocationNotFound (KeyError)  no invocation with that id
@@ -44,6 +48,7 @@ __all__ = [
     "AuthenticationError",
     "BadRequestError",
     "CorruptRecordError",
+    "GateClosed",
     "InvocationNotFound",
     "LeaseError",
     "MalformedStreamError",
@@ -52,6 +57,7 @@ __all__ = [
     "ModelError",
     "ModelStatusError",
     "ModelTimeoutError",
+    "NeedsCredential",
     "NotFoundError",
     "OverloadedError",
     "RateLimitError",
@@ -74,6 +80,20 @@ class TrioAgentsError(Exception):
 
 class UsageError(TrioAgentsError, ValueError):
     """The library was used wrongly: a misconfigured agent, a bad argument, a bad URL."""
+
+
+class GateClosed(UsageError):
+    """A decision, a result or a credential came for a gate that is closed for good: it
+    ended ``expired`` or ``cancelled`` (``state``), so nothing was recorded.
+
+    A gate that was merely decided already is not this error: :meth:`Runner.decide` returns
+    ``False`` then (the first decision stands).
+    """
+
+    def __init__(self, message: str, *, gate_id: str, state: str) -> None:
+        super().__init__(message)
+        self.gate_id = gate_id
+        self.state = state
 
 
 class ModelError(TrioAgentsError):
@@ -185,6 +205,26 @@ class StreamErrorEvent(ModelError):
 
 class ToolError(TrioAgentsError):
     """Raised by a tool to report a failure to the model with exactly this message."""
+
+
+class NeedsCredential(TrioAgentsError):
+    """Raised by a tool that cannot run without a credential (an API key, an OAuth token).
+
+    A signal, not a failure: the invocation journals a ``credential_requested`` event (with
+    ``name``, ``hint`` and ``scopes``, never a secret), waits - hot, then cold ``paused`` past
+    the runner's ``approval_timeout`` - until ``runner.submit_credential(...)``, then runs the
+    tool again; the tool reads the credential with ``ctx.credential(name)``.
+    """
+
+    def __init__(
+        self, name: str, *, hint: str | None = None, scopes: tuple[str, ...] | list[str] = ()
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise UsageError(f"NeedsCredential needs a non-empty credential name, got {name!r}")
+        super().__init__(f"needs credential {name!r}")
+        self.name = name
+        self.hint = hint
+        self.scopes = tuple(scopes)
 
 
 class MaxTurnsExceeded(TrioAgentsError):

@@ -35,7 +35,7 @@ import attrs
 import trio
 
 from . import approvals
-from ._exceptions import SessionNotFound, UsageError
+from ._exceptions import SessionNotFound, StoreError, UsageError
 from ._outcome import Outcome, history_of, leaf, partial_output, signals
 from ._recorder import Recorder
 from ._run_context import InvocationContext
@@ -85,6 +85,7 @@ class InvocationEnv:
     poll_interval: float
     forget: Callable[[Invocation], None]
     hooks: HookSet | None = None
+    approval_expires_after: float | None = None
 
 
 class Invocation:
@@ -96,15 +97,18 @@ class Invocation:
     # Slots: a runner holds thousands of these; an instance dict costs a KiB or two each.
     __slots__ = (
         "_cancelled_by",
+        "_creds",
         "_ctx",
         "_done",
         "_ending",
         "_env",
+        "_gate_tally",
         "_gates",
         "_grace_deadline",
         "_history",
         "_hooks",
         "_lease_deadline",
+        "_lease_trouble",
         "_mode",
         "_outcome",
         "_reason",
@@ -149,6 +153,9 @@ class Invocation:
         self._grace_deadline = math.inf  # trio time: a safe-point cancel becomes immediate
         self._stream_scopes: list[trio.CancelScope] = []  # one per open stream (few)
         self._gates: approvals.Gates | None = None
+        self._gate_tally: dict[str, approvals.GateInfo] = {}  # every gate: kind, where, state
+        self._creds: dict[str, str] | None = None  # submitted credentials: memory only
+        self._lease_trouble = False  # stopping because the lease is lost or expiring
         self._mode: CancelMode | None = None
         self._reason: str | None = None
         self._cancelled_by: str | None = None
@@ -287,8 +294,25 @@ class Invocation:
     def _approval_timeout(self) -> float | None:
         return self._env.approval_timeout
 
+    def _approval_expires_after(self) -> float | None:
+        return self._env.approval_expires_after
+
     async def _stored_decisions(self) -> list[ApprovalDecision]:
         return await self._env.store.decisions(self.id)
+
+    async def _end_gates(self, ends: list[ApprovalDecision]) -> list[ApprovalDecision]:
+        return await self._env.store.end_gates(ends)
+
+    async def _take_secret(self, gate_id: str) -> str | None:
+        return await self._env.store.take_secret(self.id, gate_id)
+
+    def _known_gates(self) -> dict[str, approvals.GateInfo]:
+        return self._gate_tally
+
+    def _credentials(self) -> dict[str, str]:
+        if self._creds is None:
+            self._creds = {}
+        return self._creds
 
     def _tools_stopped(self) -> bool:
         """No new tool call may start (``after_tools`` or ``immediate`` took effect)."""
@@ -301,9 +325,14 @@ class Invocation:
             self._gates = approvals.Gates()
         return self._gates
 
-    def _deliver(self, decision: ApprovalDecision) -> bool:
-        """Hand a decision to the wait parked on it; ``False`` if none is."""
-        return self._gates is not None and self._gates.deliver(decision)
+    def _deliver(self, decision: ApprovalDecision, secret: str | None = None) -> bool:
+        """Hand a gate's end to the wait parked on it (with a credential: in memory only);
+        ``False`` if none is."""
+        if self._gates is None or not self._gates.parked_on(decision.approval_id):
+            return False
+        if secret is not None:
+            self._gates.secrets[decision.approval_id] = secret
+        return self._gates.deliver(decision)
 
     def _is_parked(self) -> bool:
         return self._gates is not None and self._gates.is_parked()
@@ -321,6 +350,8 @@ class Invocation:
             self._set_lease_deadline(sent_at + ttl * (1 - LEASE_MARGIN))
 
     def _lease_lost(self, reason: str) -> None:
+        """Stop at once: the lease is lost.  Gates stay open (their new owner waits on them)."""
+        self._lease_trouble = True
         self.cancel("immediate", reason=reason)
 
     def _set_lease_deadline(self, deadline: float) -> None:
@@ -340,7 +371,7 @@ class Invocation:
         status: Status | None = None
         output = ""
         error: BaseException | None = None
-        pending: tuple[str, ...] = ()  # the approvals a paused invocation waits for
+        pending: tuple[str, ...] = ()  # the gates a paused invocation waits for
         try:
             try:
                 with self._scope:
@@ -348,6 +379,7 @@ class Invocation:
                 if self._scope.cancelled_caught:
                     status = "cancelled"
                     if self._mode != "immediate" and trio.current_time() >= self._lease_deadline:
+                        self._lease_trouble = True
                         self._reason = self._reason or (
                             "lease expired: it could not be renewed in time, so the invocation "
                             "stopped before another process could take it over"
@@ -364,9 +396,9 @@ class Invocation:
                     status = "cancelled"
                 else:
                     status = "paused"
-                    pending = tuple(
-                        a for s in found if isinstance(s, PauseRequested) for a in s.pending
-                    )
+                    raised = [a for s in found if isinstance(s, PauseRequested) for a in s.pending]
+                    paused = self._gates.paused if self._gates is not None else []
+                    pending = tuple(dict.fromkeys([*paused, *raised]))
         finally:
             self._ending = True
             if status is None:  # a cancel from outside the invocation: the runner is stopping
@@ -422,6 +454,7 @@ class Invocation:
             )
             journal = await env.store.load_events(self.id)
             self._ctx = InvocationContext(self, journal, "", self.input)
+            self._gate_tally = approvals.tally(journal)
             for event in journal:
                 if isinstance(event, TurnFinished):
                     self._usage = self._usage + event.usage
@@ -449,6 +482,23 @@ class Invocation:
                 self._history = history_of(session.entries, self.id)
         return await self.agent.run(self._ctx)
 
+    async def _close_gates(self, reason: str | None) -> list[tuple[type[Any], dict[str, Any]]]:
+        """A cancel ends every open gate ``cancelled``: recorded in the store (first write
+        wins: a decision that came first stands) within ``cleanup_timeout``, then journaled
+        with the terminal event.  If the store cannot be reached, the gates stay open."""
+        ends = approvals.cancelled_ends(
+            self.id, self._gate_tally, reason=reason, by=self._cancelled_by
+        )
+        if not ends:
+            return []
+        with trio.move_on_after(self._env.cleanup_timeout):
+            try:
+                standing = await self._env.store.end_gates(ends)
+            except StoreError:
+                return []
+            return approvals.end_events(self._gate_tally, standing)
+        return []
+
     async def _finish(
         self, status: Status, output: str, error: BaseException | None, pending: tuple[str, ...]
     ) -> None:
@@ -458,9 +508,12 @@ class Invocation:
         if status == "failed" and error is not None:
             reason: str | None = f"{type(error).__name__}: {error}"
         elif status == "paused":
-            reason = f"awaiting approval: {', '.join(pending)}"
+            reason = approvals.awaiting(pending, self._gate_tally)
         else:
             reason = self._reason if status == "cancelled" else None
+        closing: list[tuple[type[Any], dict[str, Any]]] = []
+        if status == "cancelled" and self._mode is not None and not self._lease_trouble:
+            closing = await self._close_gates(reason)
         fields: dict[str, Any] = {
             "status": status,
             "reason": reason,
@@ -471,6 +524,7 @@ class Invocation:
             "cancel_requested": self._mode is not None,
             "cancelled_by": self._cancelled_by,
             "pending_approvals": pending,
+            "gates": {g: info.state for g, info in self._gate_tally.items()},
         }
         entry = None
         if self.session_id is not None:
@@ -484,7 +538,7 @@ class Invocation:
                 reason=reason,
             )
         ended, store_error = await self.recorder.end(
-            fields, entry, timeout=self._env.cleanup_timeout
+            fields, entry, timeout=self._env.cleanup_timeout, before=closing
         )
         outcome = Outcome(
             invocation_id=self.id,
@@ -500,6 +554,7 @@ class Invocation:
             cancel_mode=self._mode,
             cancelled_by=ended.cancelled_by,
             pending_approvals=ended.pending_approvals,
+            gates=dict(ended.gates),
             store_error=store_error or self.recorder.store_error,
         )
         if self._hooks is not None:  # shielded, bounded; before wait() returns (see .hooks)

@@ -50,7 +50,11 @@ class Outcome:
         cancel_mode: the strongest mode asked for.
         cancelled_by: who asked first (``by=`` of the cancel, or the process that persisted a
             cancel request), when they said.
-        pending_approvals: when ``paused``, the approvals it waits for.
+        pending_approvals: when ``paused``, every gate it waits for (approvals, long-running
+            results, credentials).
+        gates: every gate the invocation ever opened (over all its runs), by id, with how it
+            ended - ``approved``, ``denied``, ``submitted``, ``expired``, ``cancelled`` - or
+            ``"open"`` (a paused invocation's, or one a failure left open for a resume).
     """
 
     invocation_id: str
@@ -66,6 +70,7 @@ class Outcome:
     cancel_mode: CancelMode | None = None
     cancelled_by: str | None = None
     pending_approvals: tuple[str, ...] = ()
+    gates: Mapping[str, str] = attrs.field(factory=dict, hash=False)
     store_error: str | None = None
 
 

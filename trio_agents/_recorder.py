@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Final, TypeVar
 
@@ -287,20 +287,28 @@ class Recorder:
         session_entry: SessionEntry | None,
         *,
         timeout: float,  # noqa: ASYNC109
+        before: Sequence[tuple[type[Any], dict[str, Any]]] = (),
     ) -> tuple[InvocationEnded, str | None]:
-        """Store and publish the terminal event; return it and the store error, if any.
+        """Store and publish the terminal event - after the durable events ``before`` (class,
+        fields), in the same write - and return it and the store error, if any.
 
         If it cannot be stored (within ``timeout`` for the store to take it), it is published
-        as an ephemeral event with no ``checkpoint_id``.  Call it shielded.
+        as an ephemeral event with no ``checkpoint_id`` (and ``before`` is dropped).  Call it
+        shielded.
         """
         async with self._write_lock():
+            start = (self._seq, self._sub)
+            first = [self.stamp_durable(cls, **more) for cls, more in before]
             seq = self._seq + 1
             event = self.stamp_durable(
                 InvocationEnded, checkpoint_id=f"{self.invocation_id}:{seq}", **fields
             )
+            self._before = start
             error: str | None = None
             try:
-                await self._write(event, session_entry, deadline=trio.current_time() + timeout)
+                await self._write(
+                    event, session_entry, deadline=trio.current_time() + timeout, first=first
+                )
             except StoreError as exc:
                 error = f"{type(exc).__name__}: {exc}"
                 event = self.stamp_ephemeral(InvocationEnded, checkpoint_id=None, **fields)
@@ -310,7 +318,12 @@ class Recorder:
             return event, error
 
     async def _write(
-        self, event: Event, session_entry: SessionEntry | None, *, deadline: float
+        self,
+        event: Event,
+        session_entry: SessionEntry | None,
+        *,
+        deadline: float,
+        first: Sequence[Event] = (),
     ) -> None:
         assert self.lease is not None
         deltas, self.pending = tuple(self.pending), []
@@ -318,7 +331,7 @@ class Recorder:
             self._writer.mark_clean(self)
         self._held = []
         write = JournalWrite(
-            lease=self.lease, events=(event,), deltas=deltas, session_entry=session_entry
+            lease=self.lease, events=(*first, event), deltas=deltas, session_entry=session_entry
         )
         try:
             try:
@@ -347,6 +360,8 @@ class Recorder:
             raise
         held, self._held = self._held, None
         self.stored = (event.seq, 0)
+        for earlier in first:
+            self._publish(earlier)
         self._publish(event)
         for later in held:
             self._publish_delta(later)

@@ -1,6 +1,7 @@
 """The :class:`~trio_agents.agents.RunContext` an invocation hands its agent (see
 :mod:`._invocation`): what the agent may do to the invocation - publish deltas, journal turns,
-tool calls and steps, open cancellable stream scopes, wait for approvals - and nothing else.
+tool calls and steps, open cancellable stream scopes, wait at gates (approvals, long-running
+results, credentials; see :mod:`.approvals`) - and nothing else.
 
 Each context is one step path.  What the path has said (the turn it streams, its last finished
 turn) lives in its own :class:`~._recorder.PathText`, so parallel branches never share one.
@@ -10,17 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Protocol
+from typing import Any, Protocol
 
 import trio
 
 from . import approvals
 from ._exceptions import UsageError
 from ._recorder import Recorder
-from .agents._context import ApprovalAnswer, StopRequested
+from .agents._context import ApprovalAnswer, GateSpec, StopRequested
 from .events import (
-    ApprovalDecided,
-    ApprovalRequested,
     Event,
     ReasoningDelta,
     StepFinished,
@@ -67,7 +66,17 @@ class ContextHost(Protocol):
 
     def _approval_timeout(self) -> float | None: ...
 
+    def _approval_expires_after(self) -> float | None: ...
+
     async def _stored_decisions(self) -> list[ApprovalDecision]: ...
+
+    async def _end_gates(self, ends: list[ApprovalDecision]) -> list[ApprovalDecision]: ...
+
+    async def _take_secret(self, gate_id: str) -> str | None: ...
+
+    def _known_gates(self) -> dict[str, approvals.GateInfo]: ...
+
+    def _credentials(self) -> dict[str, str]: ...
 
 
 class InvocationContext:
@@ -158,11 +167,32 @@ class InvocationContext:
         self._text.finished = event.seq
 
     async def await_approvals(
-        self, turn: int, calls: Sequence[ToolCall]
+        self, turn: int, calls: Sequence[ToolCall], specs: Mapping[str, GateSpec] = {}
     ) -> Mapping[str, ApprovalAnswer]:
-        return await approvals.await_approvals(self, self.journal, self.path, turn, calls)
+        return await approvals.await_approvals(self, self.journal, self.path, turn, calls, specs)
 
-    # ---- approvals.ApprovalHost ---------------------------------------------------------------
+    async def await_result(
+        self, turn: int, call: ToolCall, handle: ToolResult | None, spec: GateSpec
+    ) -> ToolResult:
+        return await approvals.await_result(self, self.journal, self.path, turn, call, handle, spec)
+
+    async def await_credential(
+        self,
+        turn: int,
+        call: ToolCall,
+        name: str,
+        hint: str | None,
+        scopes: Sequence[str],
+        spec: GateSpec,
+    ) -> Mapping[str, str] | None:
+        return await approvals.await_credential(
+            self, self.path, turn, call, name, hint, scopes, spec
+        )
+
+    def credentials(self) -> Mapping[str, str]:
+        return self._inv._credentials()
+
+    # ---- approvals.GateHost -------------------------------------------------------------------
 
     def gates(self) -> approvals.Gates:
         return self._inv._gates_made()
@@ -174,25 +204,29 @@ class InvocationContext:
     def approval_timeout(self) -> float | None:
         return self._inv._approval_timeout()
 
+    @property
+    def approval_expires_after(self) -> float | None:
+        return self._inv._approval_expires_after()
+
     async def stored_decisions(self) -> list[ApprovalDecision]:
         return await self._inv._stored_decisions()
 
-    async def record_requested(
-        self, path: str, turn: int, approval_id: str, call: ToolCall
-    ) -> None:
-        await self._rec.record(
-            ApprovalRequested, path=path, turn=turn, approval_id=approval_id, call=call
-        )
+    async def end_gates(self, ends: list[ApprovalDecision]) -> list[ApprovalDecision]:
+        return await self._inv._end_gates(ends)
 
-    async def record_decided(
-        self, path: str, turn: int, approval_id: str, decision: ApprovalDecision
-    ) -> None:
-        await self._rec.record(
-            ApprovalDecided,
-            path=path,
-            turn=turn,
-            approval_id=approval_id,
-            approved=decision.approved,
-            reason=decision.reason,
-            by=decision.decided_by,
-        )
+    async def take_secret(self, gate_id: str) -> str | None:
+        return await self._inv._take_secret(gate_id)
+
+    def known_gates(self) -> Mapping[str, approvals.GateInfo]:
+        return self._inv._known_gates()
+
+    def add_credential(self, name: str, secret: str) -> None:
+        self._inv._credentials()[name] = secret
+
+    async def record_gate(self, cls: type[Any], **fields: Any) -> None:
+        event = await self._rec.record(cls, path=self.path, **fields)
+        known = self._inv._known_gates()
+        if isinstance(event, approvals.REQUESTS):
+            known[approvals.id_of(event)] = approvals.info_of(event)
+        elif isinstance(event, approvals.ENDS) and (info := known.get(approvals.id_of(event))):
+            info.state = event.state

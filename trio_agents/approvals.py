@@ -1,66 +1,191 @@
-"""Approval gates: a tool call that waits for a person, in one place.
+"""Gates: a tool call that waits for something from outside, in one place.
+
+Three kinds of gate share this machinery:
+
+* an **approval** (``@tool(requires_approval=True)``): a person approves - possibly with
+  edited arguments - or denies the call before it runs (:meth:`Runner.decide`);
+* a **long-running result** (``@tool(long_running=True)``): the function returned a handle at
+  once; the call's result comes later (:meth:`Runner.submit_result`);
+* a **credential** (the tool raised :class:`~trio_agents.NeedsCredential`): a person submits
+  it (:meth:`Runner.submit_credential`) and the tool runs again, reading it from its context.
 
 The life of a gate
-    1. **Request.**  The agent loop hands the turn's gated calls to :func:`await_approvals`.
-       Each gets an approval id (``"<path>/<turn>:<call id>"``) and an ``approval_requested``
-       event, journaled once (a resume does not ask again).
+    1. **Request.**  The gate gets an id - ``"<path>/<turn>:<call id>"`` for an approval,
+       ``...#result`` for a result, ``...#credential:<name>:<n>`` for a credential - and a
+       ``*_requested`` event, journaled once (a resume does not ask again).  The event says
+       what a UI needs (the tool's description, its ``approval_prompt``, a handle, a
+       credential's name and hint) and, with ``approval_expires_after``, when the gate
+       expires (``expires_at``, Unix time, measured from the request: it holds across pauses,
+       resumes and processes).
     2. **Hot wait.**  The invocation parks in :class:`Gates` inside its own cancel scope: no
-       thread, no connection.  A decision reaches it at once in this process
-       (:meth:`Gates.deliver`, from :meth:`Runner.decide`), or through the store from another
-       process (the runner's watcher reads :meth:`Store.decisions_for` for *all* parked
-       invocations in one query per wake).
-    3. **Decided.**  Each decision is journaled (``approval_decided``) when the invocation takes
-       it up; a declined call never runs.
+       thread, no connection.  An end reaches it at once in this process
+       (:meth:`Gates.deliver`), or through the store from another process (the runner's
+       watcher reads :meth:`Store.decisions_for` for *all* parked invocations in one query
+       per wake).
+    3. **End.**  Every gate ends in exactly one state: ``approved`` or ``denied`` (an
+       approval), ``submitted`` (a result, a credential), ``expired`` or ``cancelled``.  The
+       store is the one arbiter, first write wins: deciders record their end with
+       :meth:`Store.record_decision`, the invocation records ``expired`` (at ``expires_at``)
+       and ``cancelled`` (on a cancel) with :meth:`Store.end_gates`, so whoever comes second
+       loses cleanly.  The invocation journals the end that stands (``approval_decided``,
+       ``result_submitted``, ``credential_submitted``, each with ``state``) when it takes it
+       up; the outcome lists every gate's state (:attr:`Outcome.gates`).  A call whose
+       approval did not end ``approved`` never runs; the model is told why.
     4. **Cold pause.**  Past the runner's ``approval_timeout`` the invocation ends ``paused``
-       (no task, no lease); decisions made meanwhile wait in the store and a resume takes
-       them up.  Any cancel mode ends the wait at once.
+       (no task, no lease), naming every gate still open (``pending_approvals``); ends
+       recorded meanwhile wait in the store and a resume takes them up.  Any cancel mode ends
+       a hot wait at once and the gates end ``cancelled``; a paused invocation is cancelled
+       with :meth:`Runner.request_cancel` (:func:`cancel_paused`).
 
-:func:`check_decidable` is the rule :meth:`Runner.decide` applies before it records anything.
+A credential is never journaled: not in an event, the session, or a log.  Submitted here to
+an invocation parked here, it goes from memory to memory; otherwise it waits in the store
+apart from every other record, and is deleted when the invocation takes it up (or ends other
+than ``paused``).  The tool reads it with ``ctx.credential(name)``, from memory, for the rest
+of that run.
 """
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Protocol
+from typing import Any, Final, Literal, Protocol, TypeAlias
 
+import attrs
 import trio
 
-from ._exceptions import UsageError
-from .agents._context import ApprovalAnswer, PauseRequested, StopRequested
-from .events import ApprovalDecided, ApprovalRequested, Event
-from .messages import ToolCall
-from .stores._base import ApprovalDecision
+from ._exceptions import GateClosed, LeaseError, StoreError, UsageError
+from ._recorder import Recorder
+from ._writer import JournalWriter
+from .agents._context import ApprovalAnswer, GateSpec, PauseRequested, StopRequested
+from .events import (
+    ApprovalDecided,
+    ApprovalRequested,
+    CredentialRequested,
+    CredentialSubmitted,
+    Event,
+    InvocationEnded,
+    ResultRequested,
+    ResultSubmitted,
+)
+from .messages import ToolCall, ToolResult
+from .stores._base import ApprovalDecision, InvocationRecord, SessionEntry, Store
 
-__all__ = ["ApprovalHost", "Gates", "await_approvals", "check_decidable"]
+__all__ = [
+    "GateHost",
+    "GateInfo",
+    "Gates",
+    "await_approvals",
+    "await_credential",
+    "await_result",
+    "awaiting",
+    "cancel_paused",
+    "end_events",
+    "find_gate",
+    "find_result_gate",
+    "find_tool",
+    "id_of",
+    "info_of",
+    "refuse",
+    "tally",
+]
+
+GateKind: TypeAlias = Literal["approval", "result", "credential"]
+REQUESTS: Final = (ApprovalRequested, ResultRequested, CredentialRequested)
+ENDS: Final = (ApprovalDecided, ResultSubmitted, CredentialSubmitted)
+_KIND_OF: Final[dict[type[Any], GateKind]] = {
+    ApprovalRequested: "approval",
+    ResultRequested: "result",
+    CredentialRequested: "credential",
+}
+
+EXPIRED_RESULT = (
+    "expired: the result of this call of tool {name!r} did not arrive in time; "
+    "its outcome is unknown."
+)
+CANCELLED_RESULT = (
+    "cancelled: the invocation was cancelled while this call of tool {name!r} waited for its "
+    "result; its outcome is unknown."
+)
+
+
+@attrs.define
+class GateInfo:
+    """What an invocation knows of one of its gates: its kind, where it was asked, and its
+    state (``"open"`` or how it ended)."""
+
+    kind: GateKind
+    path: str
+    turn: int
+    state: str = "open"
+    expires_at: float | None = None
+
+
+def id_of(event: Event) -> str:
+    return (
+        event.approval_id
+        if isinstance(event, (ApprovalRequested, ApprovalDecided))
+        else (
+            event.request_id  # type: ignore[union-attr]
+        )
+    )
+
+
+def tally(events: Iterable[Event]) -> dict[str, GateInfo]:
+    """Every gate the events ask for, with its state (``"open"`` until an end event)."""
+    found: dict[str, GateInfo] = {}
+    for e in events:
+        if isinstance(e, REQUESTS):
+            found[id_of(e)] = info_of(e)
+        elif isinstance(e, ENDS) and (info := found.get(id_of(e))) is not None:
+            info.state = e.state
+    return found
+
+
+def info_of(request: Event) -> GateInfo:
+    """A new open gate, from its request event."""
+    return GateInfo(
+        kind=_KIND_OF[type(request)],
+        path=request.path,  # type: ignore[union-attr]
+        turn=request.turn,  # type: ignore[union-attr]
+        expires_at=request.expires_at,  # type: ignore[union-attr]
+    )
 
 
 class Gates:
-    """An invocation's hot waits for decisions: which approvals it waits for, and how to end
-    the waits.  Made on the first wait (most invocations never need one)."""
+    """An invocation's hot waits: which gates it waits for, and how to end the waits.  Made
+    on the first wait (most invocations never need one).
 
-    __slots__ = ("lot", "scopes", "waiting")
+    ``secrets`` holds credentials submitted in this process to a gate parked here, until the
+    wait takes them (memory only).
+    """
+
+    __slots__ = ("lot", "paused", "pausing", "scopes", "secrets", "waiting")
 
     def __init__(self) -> None:
         self.waiting: dict[str, ApprovalDecision | None] = {}
         self.scopes: set[trio.CancelScope] = set()
         self.lot = trio.lowlevel.ParkingLot()
+        self.pausing = False
+        self.paused: list[str] = []  # every gate still open when the first wait paused
+        self.secrets: dict[str, str] = {}
 
     def deliver(self, decision: ApprovalDecision) -> bool:
-        """Hand a decision to the wait parked on it; ``False`` if none is."""
+        """Hand a gate's end to the wait parked on it; ``False`` if none is."""
         if self.waiting.get(decision.approval_id, decision) is not None:
             return False
         self.waiting[decision.approval_id] = decision
         self.lot.unpark_all()
         return True
 
-    def parked_on(self, approval_id: str) -> bool:
-        return approval_id in self.waiting
+    def parked_on(self, gate_id: str) -> bool:
+        return gate_id in self.waiting
 
     def is_parked(self) -> bool:
         return bool(self.waiting)
 
     def end_waits(self, reason: str | None) -> None:
-        """End every wait now (a cancel of any mode)."""
+        """End every wait now (a cancel of any mode, or one wait pausing)."""
         for scope in self.scopes:
             scope.cancel(reason=reason)
 
@@ -68,47 +193,69 @@ class Gates:
     # an error), so it is a parameter rather than a scope around the call.
     async def wait(
         self,
-        pending: Sequence[str],
+        pending: Mapping[str, float | None],
         *,
         earlier: Iterable[ApprovalDecision],
         timeout: float | None,  # noqa: ASYNC109
         stopping: Callable[[], bool],
+        expire: Callable[[list[str]], Awaitable[list[ApprovalDecision]]],
     ) -> dict[str, ApprovalDecision]:
-        """Park until each of ``pending`` is decided.
+        """Park until each gate of ``pending`` (id -> ``expires_at``, Unix time) ended.
 
-        Raises :class:`StopRequested` if a cancel ended the wait, :class:`PauseRequested` if
-        ``timeout`` passed first.
+        A gate whose ``expires_at`` passes is ended by ``expire`` (which returns the end that
+        stands in the store: a decision may have come first).  Raises
+        :class:`StopRequested` if a cancel ended the wait, :class:`PauseRequested` if
+        ``timeout`` passed first - and then every other wait of the invocation pauses too,
+        and :attr:`paused` names every gate still open (a ``Parallel``'s other branches may be
+        cancelled before they can raise their own).
         """
         waiting = self.waiting
-        for approval_id in pending:
-            waiting[approval_id] = None
+        for gate_id in pending:
+            waiting[gate_id] = None
+        offset = trio.current_time() - time.time()  # Unix time -> trio time
+        deadlines = {g: math.inf if at is None else at + offset for g, at in pending.items()}
         try:
             for decision in earlier:  # made while this invocation was paused or starting
-                self.deliver(decision)
+                if decision.approval_id in pending:
+                    self.deliver(decision)
             with trio.CancelScope() as scope:
                 if timeout is not None:
                     scope.deadline = trio.current_time() + timeout
                 self.scopes.add(scope)
-                if stopping():
+                if stopping() or self.pausing:
                     scope.cancel()
                 try:
-                    while any(waiting[a] is None for a in pending):
-                        await self.lot.park()
+                    while open_ := [g for g in pending if waiting[g] is None]:
+                        due = [g for g in open_ if deadlines[g] <= trio.current_time()]
+                        if due:
+                            for decision in await expire(due):
+                                if waiting.get(decision.approval_id, decision) is None:
+                                    waiting[decision.approval_id] = decision
+                            continue
+                        with trio.move_on_at(min(deadlines[g] for g in open_)):
+                            await self.lot.park()
                 finally:
                     self.scopes.discard(scope)
-            missing = [a for a in pending if waiting[a] is None]
+            missing = [g for g in pending if waiting[g] is None]
             if missing:
                 if stopping():
                     raise StopRequested
+                if not self.pausing:  # the first to pause takes the others with it
+                    self.pausing = True
+                    self.paused = [g for g, d in waiting.items() if d is None]
+                    self.end_waits("paused: approval_timeout passed")
                 raise PauseRequested(missing)
-            return {a: d for a in pending if (d := waiting[a]) is not None}
+            return {g: d for g in pending if (d := waiting[g]) is not None}
         finally:
-            for approval_id in pending:
-                waiting.pop(approval_id, None)
+            for gate_id in pending:
+                waiting.pop(gate_id, None)
 
 
-class ApprovalHost(Protocol):
-    """What :func:`await_approvals` needs from the invocation."""
+class GateHost(Protocol):
+    """What the gate functions need from the invocation (its context implements it)."""
+
+    @property
+    def invocation_id(self) -> str: ...
 
     def gates(self) -> Gates: ...
 
@@ -117,67 +264,460 @@ class ApprovalHost(Protocol):
     @property
     def approval_timeout(self) -> float | None: ...
 
+    @property
+    def approval_expires_after(self) -> float | None: ...
+
     def stored_decisions(self) -> Awaitable[list[ApprovalDecision]]: ...
 
-    async def record_requested(
-        self, path: str, turn: int, approval_id: str, call: ToolCall
-    ) -> None: ...
+    def end_gates(self, ends: list[ApprovalDecision]) -> Awaitable[list[ApprovalDecision]]: ...
 
-    async def record_decided(
-        self, path: str, turn: int, approval_id: str, decision: ApprovalDecision
-    ) -> None: ...
+    def take_secret(self, gate_id: str) -> Awaitable[str | None]: ...
+
+    def known_gates(self) -> Mapping[str, GateInfo]: ...
+
+    def add_credential(self, name: str, secret: str) -> None: ...
+
+    def credentials(self) -> Mapping[str, str]: ...
+
+    async def record_gate(self, cls: type[Any], **fields: Any) -> None:
+        """Journal a gate event of this path (then publish it) and note the gate's state."""
+        ...
+
+
+def _expires_at(host: GateHost, spec: GateSpec) -> float | None:
+    after = spec.expires_after if spec.expires_after is not None else host.approval_expires_after
+    return None if after is None else time.time() + after
+
+
+async def _wait(host: GateHost, pending: Mapping[str, float | None]) -> dict[str, ApprovalDecision]:
+    async def expire(ids: list[str]) -> list[ApprovalDecision]:
+        return await host.end_gates(
+            [
+                ApprovalDecision(
+                    invocation_id=host.invocation_id,
+                    approval_id=gate_id,
+                    approved=False,
+                    state="expired",
+                    reason="no one answered in time",
+                )
+                for gate_id in ids
+            ]
+        )
+
+    return await host.gates().wait(
+        pending,
+        earlier=await host.stored_decisions(),
+        timeout=host.approval_timeout,
+        stopping=host.stopping,
+        expire=expire,
+    )
+
+
+def _prefix(path: str) -> str:
+    return f"{path}/" if path else ""
 
 
 async def await_approvals(
-    host: ApprovalHost, journal: Sequence[Event], path: str, turn: int, calls: Sequence[ToolCall]
+    host: GateHost,
+    journal: Sequence[Event],
+    path: str,
+    turn: int,
+    calls: Sequence[ToolCall],
+    specs: Mapping[str, GateSpec],
 ) -> Mapping[str, ApprovalAnswer]:
-    """Ask for each call's approval (once, also across resumes), wait for every decision, and
-    return the answers by call id.  See the module docstring."""
-    requested = {e.approval_id for e in journal if isinstance(e, ApprovalRequested)}
+    """Ask for each call's approval (once, also across resumes), wait until every gate ended,
+    and return the answers by call id.  See the module docstring."""
+    requested = {e.approval_id: e for e in journal if isinstance(e, ApprovalRequested)}
     answers = {
         e.approval_id: ApprovalAnswer(
-            approval_id=e.approval_id, approved=e.approved, reason=e.reason
+            approval_id=e.approval_id,
+            approved=e.state == "approved",
+            reason=e.reason,
+            state=e.state,
+            arguments=e.arguments,
         )
         for e in journal
         if isinstance(e, ApprovalDecided)
     }
-    prefix = f"{path}/" if path else ""
-    ids = {call.id: f"{prefix}{turn}:{call.id}" for call in calls}
+    ids = {call.id: f"{_prefix(path)}{turn}:{call.id}" for call in calls}
+    pending: dict[str, float | None] = {}
     for call in calls:
         approval_id = ids[call.id]
-        if approval_id not in requested and approval_id not in answers:
-            await host.record_requested(path, turn, approval_id, call)
-    pending = [a for a in ids.values() if a not in answers]
-    if pending:
-        decisions = await host.gates().wait(
-            pending,
-            earlier=await host.stored_decisions(),
-            timeout=host.approval_timeout,
-            stopping=host.stopping,
+        if approval_id in answers:
+            continue
+        if approval_id in requested:
+            pending[approval_id] = requested[approval_id].expires_at
+            continue
+        spec = specs.get(call.id, GateSpec())
+        expires_at = _expires_at(host, spec)
+        await host.record_gate(
+            ApprovalRequested,
+            turn=turn,
+            approval_id=approval_id,
+            call=call,
+            description=spec.description,
+            prompt=spec.prompt,
+            expires_at=expires_at,
         )
+        pending[approval_id] = expires_at
+    if pending:
+        ends = await _wait(host, pending)
         for approval_id in pending:
-            decision = decisions[approval_id]
-            await host.record_decided(path, turn, approval_id, decision)
+            end = ends[approval_id]
+            await host.record_gate(ApprovalDecided, turn=turn, **_end_fields("approval", end))
             answers[approval_id] = ApprovalAnswer(
-                approval_id=approval_id, approved=decision.approved, reason=decision.reason
+                approval_id=approval_id,
+                approved=end.state == "approved",
+                reason=end.reason,
+                state=end.state,
+                arguments=end.arguments if end.state == "approved" else None,
             )
     return {call_id: answers[approval_id] for call_id, approval_id in ids.items()}
 
 
-def check_decidable(invocation_id: str, approval_id: str, events: Iterable[Event]) -> bool:
-    """Whether ``approval_id`` may still be decided, judged from the invocation's events:
-    ``False`` if it was decided already; :class:`~trio_agents.UsageError` if it was never
-    asked for."""
-    asked: list[str] = []
-    decided = False
+def _result_of(call: ToolCall, state: str, result: str | None, is_error: bool) -> ToolResult:
+    if state == "submitted":
+        return ToolResult(call_id=call.id, name=call.name, content=result or "", is_error=is_error)
+    text = EXPIRED_RESULT if state == "expired" else CANCELLED_RESULT
+    return ToolResult(
+        call_id=call.id, name=call.name, content=text.format(name=call.name), is_error=True
+    )
+
+
+async def await_result(
+    host: GateHost,
+    journal: Sequence[Event],
+    path: str,
+    turn: int,
+    call: ToolCall,
+    handle: ToolResult | None,
+    spec: GateSpec,
+) -> ToolResult:
+    """Wait for a long-running call's result (asking for it once, with ``handle``, unless the
+    journal did already); return what the model sees."""
+    request_id = f"{_prefix(path)}{turn}:{call.id}#result"
+    for e in journal:
+        if isinstance(e, ResultSubmitted) and e.request_id == request_id:
+            return _result_of(call, e.state, e.result, e.is_error)
+    requested = [
+        e for e in journal if isinstance(e, ResultRequested) and e.request_id == request_id
+    ]
+    if requested:
+        expires_at = requested[0].expires_at
+    else:
+        expires_at = _expires_at(host, spec)
+        await host.record_gate(
+            ResultRequested,
+            turn=turn,
+            request_id=request_id,
+            call=call,
+            handle=handle.content if handle is not None else "",
+            description=spec.description,
+            expires_at=expires_at,
+        )
+    end = (await _wait(host, {request_id: expires_at}))[request_id]
+    fields = _end_fields("result", end)
+    await host.record_gate(ResultSubmitted, turn=turn, **fields)
+    return _result_of(call, end.state, fields["result"], fields["is_error"])
+
+
+async def await_credential(
+    host: GateHost,
+    path: str,
+    turn: int,
+    call: ToolCall,
+    name: str,
+    hint: str | None,
+    scopes: Sequence[str],
+    spec: GateSpec,
+) -> Mapping[str, str] | None:
+    """Ask for credential ``name`` for this call (an open request - after a pause - is not
+    asked again), wait, and return the credentials the tool may read; ``None`` when the gate
+    expired or was cancelled.  The credential never reaches the journal."""
+    base = f"{_prefix(path)}{turn}:{call.id}#credential:{name}:"
+    known = host.known_gates()
+    asked = sorted((g for g in known if g.startswith(base)), key=lambda g: int(g[len(base) :]))
+    if asked and known[asked[-1]].state == "open":
+        request_id = asked[-1]
+        expires_at = known[request_id].expires_at
+    else:
+        request_id = f"{base}{len(asked) + 1}"
+        expires_at = _expires_at(host, spec)
+        await host.record_gate(
+            CredentialRequested,
+            turn=turn,
+            request_id=request_id,
+            call=call,
+            name=name,
+            hint=hint,
+            scopes=tuple(scopes),
+            expires_at=expires_at,
+        )
+    end = (await _wait(host, {request_id: expires_at}))[request_id]
+    await host.record_gate(CredentialSubmitted, turn=turn, **_end_fields("credential", end))
+    if end.state != "submitted":
+        return None
+    secret = host.gates().secrets.pop(request_id, None)
+    stored = await host.take_secret(request_id)  # taken either way: it leaves the store now
+    secret = secret if secret is not None else stored
+    if secret is not None:
+        host.add_credential(name, secret)
+    return host.credentials()
+
+
+def _end_fields(kind: GateKind, end: ApprovalDecision) -> dict[str, Any]:
+    """The fields of the journaled end event of a gate of ``kind`` that ended as ``end``."""
+    if kind == "approval":
+        return {
+            "approval_id": end.approval_id,
+            "approved": end.state == "approved",
+            "state": end.state,
+            "reason": end.reason,
+            "by": end.decided_by,
+            "arguments": end.arguments if end.state == "approved" else None,
+        }
+    fields: dict[str, Any] = {
+        "request_id": end.approval_id,
+        "state": end.state,
+        "by": end.decided_by,
+    }
+    if kind == "result":
+        submitted = end.state == "submitted"
+        fields["result"] = end.result if submitted else None
+        fields["is_error"] = submitted and not end.approved
+    return fields
+
+
+_END_CLASS: Final[dict[GateKind, type[Any]]] = {
+    "approval": ApprovalDecided,
+    "result": ResultSubmitted,
+    "credential": CredentialSubmitted,
+}
+
+
+def end_events(
+    gates: Mapping[str, GateInfo], ends: Sequence[ApprovalDecision]
+) -> list[tuple[type[Any], dict[str, Any]]]:
+    """The events that journal ``ends`` of ``gates`` (as a cancel closes them), and note the
+    new states in ``gates``."""
+    found = []
+    for end in ends:
+        info = gates[end.approval_id]
+        info.state = end.state
+        fields = _end_fields(info.kind, end)
+        found.append((_END_CLASS[info.kind], {"path": info.path, "turn": info.turn, **fields}))
+    return found
+
+
+def cancelled_ends(
+    invocation_id: str, gates: Mapping[str, GateInfo], *, reason: str | None, by: str | None
+) -> list[ApprovalDecision]:
+    """A ``cancelled`` end for every gate still open."""
+    return [
+        ApprovalDecision(
+            invocation_id=invocation_id,
+            approval_id=gate_id,
+            approved=False,
+            state="cancelled",
+            reason=reason,
+            decided_by=by,
+        )
+        for gate_id, info in gates.items()
+        if info.state == "open"
+    ]
+
+
+# ---- the deciders' side (Runner.decide, submit_result, submit_credential) ------------------
+
+
+_WHAT: Final = {
+    "approval": "approval",
+    "result": "long-running call",
+    "credential": "credential request",
+}
+
+
+def find_gate(
+    invocation_id: str, gate_id: str, kind: GateKind, events: Iterable[Event]
+) -> tuple[Event, str | None]:
+    """The request event of gate ``gate_id`` and its journaled end state (``None``: open).
+
+    Raises :class:`~trio_agents.UsageError` naming what the invocation asked for if it never
+    asked for that gate, or asked for it as another kind.
+    """
+    requests: dict[str, Event] = {}
+    states: dict[str, str] = {}
     for e in events:
-        if isinstance(e, ApprovalRequested):
-            asked.append(e.approval_id)
-        elif isinstance(e, ApprovalDecided) and e.approval_id == approval_id:
-            decided = True
-    if approval_id not in asked:
+        if isinstance(e, REQUESTS):
+            requests[id_of(e)] = e
+        elif isinstance(e, ENDS):
+            states[id_of(e)] = e.state
+    request = requests.get(gate_id)
+    if request is None or _KIND_OF[type(request)] != kind:
+        asked = [g for g, e in requests.items() if _KIND_OF[type(e)] == kind]
+        what = _WHAT[kind]
+        other = f" ({gate_id!r} is a {_KIND_OF[type(request)]} gate)" if request is not None else ""
         raise UsageError(
-            f"invocation {invocation_id!r} has no approval {approval_id!r}; "
+            f"invocation {invocation_id!r} has no {what} {gate_id!r}{other}; "
             + (f"it asked for: {', '.join(asked)}" if asked else "it asked for none")
         )
-    return not decided
+    return request, states.get(gate_id)
+
+
+def find_result_gate(invocation_id: str, call_id: str, events: Sequence[Event]) -> str:
+    """The gate id of the long-running call ``call_id`` (a model's call id, or the request's
+    own id); the open one when several calls shared an id across turns.
+
+    Raises :class:`~trio_agents.UsageError` naming the calls waiting if there is none, or if
+    two open gates match (then pass the ``request_id`` of ``result_requested``).
+    """
+    gates = tally(events)
+    matches = [
+        e.request_id
+        for e in events
+        if isinstance(e, ResultRequested) and call_id in (e.request_id, e.call.id)
+    ]
+    open_ = [g for g in matches if gates[g].state == "open"]
+    if len(open_) > 1:
+        raise UsageError(
+            f"call id {call_id!r} of invocation {invocation_id!r} is ambiguous: "
+            f"{', '.join(open_)} wait for a result; pass one of those ids"
+        )
+    if open_ or matches:
+        return (open_ or matches)[-1]
+    waiting = [
+        f"{e.call.id} ({e.request_id})"
+        for e in events
+        if isinstance(e, ResultRequested) and gates[e.request_id].state == "open"
+    ]
+    raise UsageError(
+        f"invocation {invocation_id!r} has no long-running call {call_id!r}; "
+        + (f"waiting for a result: {', '.join(waiting)}" if waiting else "none waits for a result")
+    )
+
+
+def awaiting(pending: Sequence[str], gates: Mapping[str, GateInfo]) -> str:
+    """The reason of a ``paused`` ending: ``"awaiting approval: 1:c0, 1:c1"`` (grouped by
+    kind: ``approval``, ``result``, ``credential``)."""
+    groups: dict[str, list[str]] = {"approval": [], "result": [], "credential": []}
+    for g in pending:
+        groups[gates[g].kind if g in gates else "approval"].append(g)
+    return "; ".join(f"awaiting {kind}: {', '.join(ids)}" for kind, ids in groups.items() if ids)
+
+
+def refuse(gate_id: str, state: str) -> bool:
+    """What a decider is told about a gate that ended already: ``False`` if it was decided
+    or submitted; :class:`~trio_agents.GateClosed` if it expired or was cancelled."""
+    if state in ("expired", "cancelled"):
+        raise GateClosed(
+            f"gate {gate_id!r} is closed: it ended {state!r}; nothing was recorded",
+            gate_id=gate_id,
+            state=state,
+        )
+    return False
+
+
+def find_tool(agent: object, path: str, name: str) -> Any:
+    """The tool ``name`` of the agent at ``path`` in a workflow (``None`` if there is none).
+
+    Walks ``steps`` / ``branches`` / ``body`` by the path's indexes; falls back to the first
+    tool of that name anywhere in the tree.
+    """
+    node: object = agent
+    for part in [p for p in path.split("/") if p]:
+        index = int(part.split(":", 1)[0])
+        children = getattr(node, "steps", None) or getattr(node, "branches", None)
+        if children is not None and index < len(children):
+            node = children[index]
+        elif getattr(node, "body", None) is not None:
+            node = node.body  # type: ignore[attr-defined]
+        else:
+            break
+    tools = getattr(node, "tools", None)
+    if isinstance(tools, Mapping) and name in tools:
+        return tools[name]
+    stack = [agent]
+    while stack:
+        item = stack.pop()
+        tools = getattr(item, "tools", None)
+        if isinstance(tools, Mapping) and name in tools:
+            return tools[name]
+        stack.extend(getattr(item, "steps", ()) or ())
+        stack.extend(getattr(item, "branches", ()) or ())
+        if getattr(item, "body", None) is not None:
+            stack.append(item.body)  # type: ignore[attr-defined]
+    return None
+
+
+# ---- cancelling a paused invocation ---------------------------------------------------------
+
+
+async def cancel_paused(
+    store: Store,
+    writer: JournalWriter,
+    record: InvocationRecord,
+    *,
+    owner: str,
+    ttl: float,
+    cleanup_timeout: float,
+    reason: str | None,
+    by: str | None,
+) -> bool:
+    """End a ``paused`` invocation ``cancelled``, from any process: take its lease, end its
+    open gates ``cancelled`` in the store (first write wins: a decision made first stands and
+    is journaled as such), then journal the gates' ends and the ``ended`` event in one write,
+    which releases the lease.
+
+    ``False`` if another process holds it (it was resumed meanwhile).  Raises
+    :class:`~trio_agents.StoreError` if the store fails part-way: the invocation is then left
+    to be resumed (its lease expires), its gates as the store says.
+    """
+    try:
+        lease = await store.acquire_lease(record.id, owner=owner, ttl=ttl, exclusive_session=False)
+    except LeaseError:
+        return False
+    record = await store.get_invocation(record.id)  # the head as of our lease
+    events = await store.load_events(record.id)
+    endings = [e for e in events if isinstance(e, InvocationEnded)]
+    last = endings[-1] if endings else None
+    rec = Recorder(record.id, writer=writer, head=record.head, log_limit=16)
+    rec.lease = lease
+    gates = tally(events)
+    before: list[tuple[type[Any], dict[str, Any]]] = []
+    if last is not None and last.status != "paused":  # it ended otherwise meanwhile: restore
+        fields = {
+            f.name: getattr(last, f.name)
+            for f in attrs.fields(InvocationEnded)
+            if f.name not in ("kind", "invocation_id", "seq", "sub", "at", "checkpoint_id")
+        }
+        cancelled = False
+    else:
+        ends = cancelled_ends(record.id, gates, reason=reason, by=by)
+        before = end_events(gates, await store.end_gates(ends)) if ends else []
+        fields = {
+            "status": "cancelled",
+            "reason": reason,
+            "output": last.output if last is not None else "",
+            "partials": dict(last.partials) if last is not None else {},
+            "usage": last.usage if last is not None else None,
+            "cancel_requested": True,
+            "cancelled_by": by,
+            "gates": {g: info.state for g, info in gates.items()},
+        }
+        if fields["usage"] is None:
+            del fields["usage"]
+        cancelled = True
+    entry = None
+    if record.session_id is not None and cancelled:
+        entry = SessionEntry(
+            seq=0,
+            author=record.agent,
+            invocation_id=record.id,
+            status="cancelled",
+            interrupted=True,
+            reason=reason,
+        )
+    _, error = await rec.end(fields, entry, timeout=cleanup_timeout, before=before)
+    if error is not None:
+        raise StoreError(f"could not end paused invocation {record.id!r}: {error}")
+    return cancelled

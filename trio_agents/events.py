@@ -63,15 +63,19 @@ from .messages import (
 
 __all__ = [
     "CANCEL_MODES",
+    "GATE_STATES",
     "TERMINAL_STATUSES",
     "WIRE_VERSION",
     "ApprovalDecided",
     "ApprovalRequested",
     "CancelMode",
     "CancelRequested",
+    "CredentialRequested",
+    "CredentialSubmitted",
     "ErrorInfo",
     "Event",
     "EventId",
+    "GateState",
     "HookWarning",
     "InvocationEnded",
     "InvocationStarted",
@@ -80,6 +84,8 @@ __all__ = [
     "LoopTurnStarted",
     "MessageReceived",
     "ReasoningDelta",
+    "ResultRequested",
+    "ResultSubmitted",
     "Status",
     "StepFinished",
     "TextDelta",
@@ -106,6 +112,18 @@ CancelMode: TypeAlias = Literal["after_turn", "after_tools", "immediate"]
 CANCEL_MODES: Final[tuple[CancelMode, ...]] = ("after_turn", "after_tools", "immediate")
 """The cancel modes, weakest first: a later request can only move up this list."""
 _MODE_RANK: Final[dict[str, int]] = {mode: rank for rank, mode in enumerate(CANCEL_MODES)}
+
+GateState: TypeAlias = Literal["approved", "denied", "submitted", "expired", "cancelled"]
+"""How a gate ended (see :mod:`trio_agents.approvals`): an approval ends ``approved``,
+``denied``, ``expired`` or ``cancelled``; a long-running result or a credential ends
+``submitted``, ``expired`` or ``cancelled``."""
+GATE_STATES: Final[tuple[GateState, ...]] = (
+    "approved",
+    "denied",
+    "submitted",
+    "expired",
+    "cancelled",
+)
 
 EventId: TypeAlias = tuple[int, int]
 """``(seq, sub)``: an event's place in its invocation's life; ``(0, 0)`` is before the first."""
@@ -284,6 +302,9 @@ class ApprovalRequested:
     """A tool call waits for a person's approval (``approval_id``) before it runs.
 
     Answer it with ``await runner.decide(invocation_id, approval_id, approved=...)``.
+    ``description`` is the tool's description and ``prompt`` its ``approval_prompt`` (what a
+    UI shows the person); ``expires_at`` (Unix time) is when the gate ends ``expired`` if no
+    one decided, or ``None``.
     """
 
     kind: Literal["approval_requested"] = "approval_requested"
@@ -295,12 +316,18 @@ class ApprovalRequested:
     turn: int
     approval_id: str
     call: ToolCall
+    description: str = ""
+    prompt: str | None = None
+    expires_at: float | None = None
 
 
 @attrs.frozen(kw_only=True)
 class ApprovalDecided:
-    """The invocation took up the decision on ``approval_id``: the call runs, or the model is
-    told it was not approved (``reason``)."""
+    """The approval gate ``approval_id`` ended in ``state``: ``approved`` (the call runs, with
+    ``arguments`` when the person edited them), ``denied`` (the model is told, with ``reason``),
+    ``expired`` (no one decided in time) or ``cancelled`` (the invocation was cancelled
+    first).  ``approved`` is kept for readers of earlier versions: true only when approved.
+    Journaled by the invocation when it takes the end up."""
 
     kind: Literal["approval_decided"] = "approval_decided"
     invocation_id: str
@@ -312,6 +339,89 @@ class ApprovalDecided:
     approval_id: str
     approved: bool
     reason: str | None = None
+    by: str | None = None
+    state: GateState = attrs.field()
+    arguments: str | None = None
+
+    @state.default
+    def _state_of_old_events(self) -> GateState:  # events written before `state` existed
+        return "approved" if self.approved else "denied"
+
+
+@attrs.frozen(kw_only=True)
+class ResultRequested:
+    """A long-running tool returned ``handle`` and the invocation now waits for its result:
+    ``await runner.submit_result(invocation_id, call_id, result)``.  ``request_id`` names the
+    gate; ``expires_at`` (Unix time) is when it ends ``expired``, or ``None``."""
+
+    kind: Literal["result_requested"] = "result_requested"
+    invocation_id: str
+    seq: int
+    sub: int = 0
+    at: float
+    path: str = ""
+    turn: int
+    request_id: str
+    call: ToolCall
+    handle: str
+    description: str = ""
+    expires_at: float | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ResultSubmitted:
+    """The wait for a long-running tool's result ended: ``submitted`` (``result`` is what the
+    model sees), ``expired`` or ``cancelled``."""
+
+    kind: Literal["result_submitted"] = "result_submitted"
+    invocation_id: str
+    seq: int
+    sub: int = 0
+    at: float
+    path: str = ""
+    turn: int
+    request_id: str
+    state: GateState
+    result: str | None = None
+    is_error: bool = False
+    by: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class CredentialRequested:
+    """A tool needs a credential (``name``) before it can run:
+    ``await runner.submit_credential(invocation_id, request_id, credential)``.  The credential
+    itself is never in any event."""
+
+    kind: Literal["credential_requested"] = "credential_requested"
+    invocation_id: str
+    seq: int
+    sub: int = 0
+    at: float
+    path: str = ""
+    turn: int
+    request_id: str
+    call: ToolCall
+    name: str
+    hint: str | None = None
+    scopes: tuple[str, ...] = ()
+    expires_at: float | None = None
+
+
+@attrs.frozen(kw_only=True)
+class CredentialSubmitted:
+    """The wait for a credential ended: ``submitted`` (the tool runs again and reads it from
+    its context; the credential is not here), ``expired`` or ``cancelled``."""
+
+    kind: Literal["credential_submitted"] = "credential_submitted"
+    invocation_id: str
+    seq: int
+    sub: int = 0
+    at: float
+    path: str = ""
+    turn: int
+    request_id: str
+    state: GateState
     by: str | None = None
 
 
@@ -353,8 +463,11 @@ class InvocationEnded:
 
     ``output`` is the final answer when ``completed``, else the partial output streamed so far;
     ``partials`` then holds it per step path (a ``Parallel``'s branches apart, never
-    interleaved).  ``cancel_requested`` is true when a cancel was asked for before the ending
-    was decided; a cancel after that changes nothing and is not recorded.
+    interleaved).  ``pending_approvals`` names every gate a ``paused`` invocation waits for
+    (approvals, long-running results, credentials); ``gates`` maps every gate the invocation
+    ever opened to how it ended (:data:`GateState`) or ``"open"``.  ``cancel_requested`` is
+    true when a cancel was asked for before the ending was decided; a cancel after that
+    changes nothing and is not recorded.
     """
 
     kind: Literal["ended"] = "ended"
@@ -372,6 +485,7 @@ class InvocationEnded:
     cancel_requested: bool = False
     cancelled_by: str | None = None
     pending_approvals: tuple[str, ...] = ()
+    gates: Mapping[str, str] = attrs.field(factory=dict, hash=False)
 
 
 @attrs.frozen(kw_only=True)
@@ -455,6 +569,10 @@ Event: TypeAlias = (
     | StepFinished
     | ApprovalRequested
     | ApprovalDecided
+    | ResultRequested
+    | ResultSubmitted
+    | CredentialRequested
+    | CredentialSubmitted
     | CancelRequested
     | HookWarning
     | InvocationEnded
@@ -476,6 +594,10 @@ _EVENT_TYPES: Final[dict[str, type[Any]]] = {
         StepFinished,
         ApprovalRequested,
         ApprovalDecided,
+        ResultRequested,
+        ResultSubmitted,
+        CredentialRequested,
+        CredentialSubmitted,
         CancelRequested,
         HookWarning,
         InvocationEnded,

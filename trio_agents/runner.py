@@ -45,14 +45,18 @@ Leases
     time stops itself (``cancelled``) before the lease expires, so another process that takes
     it over never runs alongside it.
 
-Approvals
+Gates (approvals, long-running results, credentials; see :mod:`trio_agents.approvals`)
     A tool declared ``requires_approval=True`` does not run until :meth:`Runner.decide` says
-    so.  The request is journaled (``approval_requested``) and the invocation parks inside its
-    own scope (a hot wait: no thread, no connection).  A decision is recorded in the store
-    before it is handed over - at once here, through the store from another process - and
-    journaled (``approval_decided``) by the invocation when it takes it up.  Past
-    ``approval_timeout`` the invocation ends ``paused`` (a cold pause: no task, no lease); a
-    decision made meanwhile waits in the store, and :meth:`Runner.resume` continues.
+    so; a ``long_running`` tool's result comes through :meth:`Runner.submit_result`; a tool
+    that raises :class:`~trio_agents.NeedsCredential` runs again after
+    :meth:`Runner.submit_credential`.  The request is journaled and the invocation parks
+    inside its own scope (a hot wait: no thread, no connection).  An answer is recorded in the
+    store before it is handed over - at once here, through the store from another process -
+    and journaled by the invocation when it takes it up.  Each gate ends in exactly one state
+    (``approved``, ``denied``, ``submitted``, ``expired``, ``cancelled``); the store decides
+    who came first.  Past ``approval_timeout`` the invocation ends ``paused`` (a cold pause:
+    no task, no lease); answers made meanwhile wait in the store, and :meth:`Runner.resume`
+    continues.  Past ``approval_expires_after`` (from the request) a gate ends ``expired``.
 
 Hooks
     ``Runner(hooks=[...])`` calls your code as each invocation starts, records a tool call, a
@@ -66,13 +70,16 @@ import contextlib
 import logging
 import os
 import socket
+import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
+import attrs
 import trio
 
+from . import approvals
 from ._exceptions import InvocationNotFound, UsageError
 from ._invocation import Invocation, InvocationEnv
 from ._outcome import Outcome
@@ -82,12 +89,12 @@ from ._upkeep import renew_leases, watch_requests
 from ._writer import JournalWriter
 from .agents._context import AgentLike
 from .agents._models import models_of
-from .approvals import check_decidable
-from .events import CancelMode, EventId, check_cancel_mode
+from .events import ApprovalRequested, CancelMode, Event, EventId, check_cancel_mode
 from .hooks import HookSet
 from .models._base import Model
 from .stores._base import ApprovalDecision, CancelRequest, JournalWrite, Store
 from .stores._open import open_store
+from .tools import _to_text
 from .turnloop import LOOP_PREFIX, LoopEventStream, Policy, TurnLoop, loop_id, open_turn_loop
 
 __all__ = ["CancelMode", "EventStream", "Invocation", "Outcome", "Runner", "TurnLoop"]
@@ -116,6 +123,11 @@ class Runner:
             that requires approval before it ends ``paused`` (its task, its connection and its
             lease released; :meth:`resume` continues it once decided).  ``None`` (the default)
             waits until a decision or a cancel.
+        approval_expires_after: seconds after its request a gate (approval, long-running
+            result, credential) ends ``expired`` if no one answered: the call never runs and
+            the model is told.  Measured from the journaled request, so it holds across
+            pauses, resumes and processes.  A tool's own ``approval_expires_after`` wins.
+            ``None`` (the default): gates never expire.
         max_active: the most invocations running here at once; :meth:`start` and
             :meth:`resume` wait for a place (``None``: no limit).
         flush_interval: how long streamed deltas may wait before they are stored (what a
@@ -138,6 +150,7 @@ class Runner:
         cleanup_timeout: float = 5.0,
         cancel_poll_interval: float = 1.0,
         approval_timeout: float | None = None,
+        approval_expires_after: float | None = None,
         max_active: int | None = None,
         flush_interval: float = 0.25,
         log_limit: int = 1024,
@@ -152,11 +165,17 @@ class Runner:
             raise UsageError(
                 f"approval_timeout must be seconds >= 0 or None, got {approval_timeout!r}"
             )
+        if approval_expires_after is not None and not approval_expires_after > 0:
+            raise UsageError(
+                "approval_expires_after must be positive seconds or None, "
+                f"got {approval_expires_after!r}"
+            )
         if max_active is not None and (not isinstance(max_active, int) or max_active < 1):
             raise UsageError(f"max_active must be a positive int or None, got {max_active!r}")
         if not flush_interval > 0 or not isinstance(log_limit, int) or log_limit < 1:
             raise UsageError("flush_interval must be positive seconds and log_limit a positive int")
         self.approval_timeout = approval_timeout
+        self.approval_expires_after = approval_expires_after
         self.cancel_poll_interval = cancel_poll_interval
         self._store_spec = store
         self._agents: dict[str, AgentLike] = {a.name: a for a in agents}
@@ -206,6 +225,7 @@ class Runner:
                 poll_interval=min(self.cancel_poll_interval, 0.25),
                 forget=self._forget,
                 hooks=self._hooks,
+                approval_expires_after=self.approval_expires_after,
             )
             system = await stack.enter_async_context(trio.open_nursery())
             writer_scope = await system.start(writer.serve)
@@ -535,11 +555,16 @@ class Runner:
         reason: str | None = None,
         by: str | None = None,
     ) -> bool:
-        """Cancel an invocation wherever it runs: here at once, elsewhere through the store.
+        """Cancel an invocation wherever it runs: here at once, elsewhere through the store,
+        and a ``paused`` one right here (whatever ``mode``).
 
         The owning runner (any process sharing the store) picks the request up and records
-        ``reason`` and ``by`` in the outcome.  ``False`` if the store knows no running
-        invocation with that id.
+        ``reason`` and ``by`` in the outcome; its open gates end ``cancelled``.  A paused
+        invocation is ended by this call (see :func:`trio_agents.approvals.cancel_paused`):
+        its lease is taken, its open gates end ``cancelled`` (a decision recorded first
+        stands) and an ``ended`` event (``cancelled``) is journaled.  ``False`` if the store
+        knows no running or paused invocation with that id (or another process resumed it
+        meanwhile).
         """
         check_cancel_mode(mode)
         by = by or self.owner
@@ -549,7 +574,25 @@ class Runner:
         request = CancelRequest(
             invocation_id=invocation_id, mode=mode, reason=reason, requested_by=by
         )
-        return await self.store.request_cancel(request)
+        if await self.store.request_cancel(request):
+            return True
+        try:
+            record = await self.store.get_invocation(invocation_id)
+        except InvocationNotFound:
+            return False
+        if record.status != "paused":
+            return False
+        _, env = self._check_open()
+        return await approvals.cancel_paused(
+            env.store,
+            env.writer,
+            record,
+            owner=self.owner,
+            ttl=self.lease_ttl,
+            cleanup_timeout=self.cleanup_timeout,
+            reason=reason,
+            by=by,
+        )
 
     async def decide(
         self,
@@ -559,6 +602,7 @@ class Runner:
         approved: bool,
         reason: str | None = None,
         by: str | None = None,
+        arguments: str | Mapping[str, object] | None = None,
     ) -> bool:
         """Approve or deny a tool call that waits for approval (an ``approval_requested``
         event names ``approval_id``).
@@ -566,32 +610,160 @@ class Runner:
         Durable first: the decision is recorded in the store, then handed to the invocation -
         at once if it waits here, through the store if it runs in another process, or when
         it is resumed if it is ``paused``.  A denied call does not run; the model is told it
-        was not approved, with ``reason``.
+        was not approved, with ``reason``.  With ``arguments`` (JSON text or a dict; only
+        with ``approved=True``) the call runs with those instead of the model's: they are
+        validated exactly as the model's are, and the journal (``approval_decided``,
+        ``tool_call_started``) records them.
 
-        Returns ``False`` if that approval was decided already (the first decision stands).
-        Raises :class:`~trio_agents.InvocationNotFound`, and
-        :class:`~trio_agents.UsageError` if ``approved`` is not a bool or the invocation never
-        asked for ``approval_id``.
+        The store is the one arbiter: the first end recorded for a gate stands.  Returns
+        ``True`` when this decision was recorded; ``False`` when the gate was decided already
+        (by anyone; the first decision stands).
+
+        Raises :class:`~trio_agents.GateClosed` (``.state``) when the gate ended
+        ``expired`` or ``cancelled`` (nothing is recorded);
+        :class:`~trio_agents.InvocationNotFound`;
+        :class:`~trio_agents.UsageError` if ``approved`` is not a bool, the invocation never
+        asked for ``approval_id``, or ``arguments`` fail validation (the message names each
+        bad field; nothing is recorded and the gate stays open) or cannot be checked because
+        this runner does not know the invocation's agent.
         """
         if not isinstance(approved, bool):
             raise UsageError(f"approved must be True or False, got {approved!r}")
-        inv = self._active.get(invocation_id)
-        if inv is None or not inv._parked_on(approval_id):
-            events = await self.store.load_events(invocation_id)
-            if not check_decidable(invocation_id, approval_id, events):
-                return False
+        if arguments is not None and not approved:
+            raise UsageError("arguments= may only come with approved=True")
+        events = await self.store.load_events(invocation_id)
+        request, state = approvals.find_gate(invocation_id, approval_id, "approval", events)
+        if state is not None:
+            return approvals.refuse(approval_id, state)
+        edited = None
+        if arguments is not None:
+            edited = (await self._tool_for(invocation_id, request)).validate_arguments(arguments)
         decision = ApprovalDecision(
             invocation_id=invocation_id,
             approval_id=approval_id,
             approved=approved,
+            state="approved" if approved else "denied",
             reason=reason,
             decided_by=by or self.owner,
+            arguments=edited,
         )
-        recorded = await self.store.record_decision(decision)
+        return await self._end_gate(request, decision)
+
+    async def submit_result(
+        self,
+        invocation_id: str,
+        call_id: str,
+        result: object,
+        *,
+        is_error: bool = False,
+        by: str | None = None,
+    ) -> bool:
+        """Give a long-running tool call its result (a ``result_requested`` event names the
+        call: its ``call.id`` or its ``request_id``).
+
+        Durable first, like :meth:`decide`: recorded in the store, then handed to the
+        invocation here, through the store elsewhere, or on resume.  ``result`` (a str as is,
+        anything else as JSON) is the tool result the model sees; ``is_error`` marks it as a
+        failure.  Returns ``True`` when recorded, ``False`` when a result was submitted
+        already (the first stands).
+
+        Raises :class:`~trio_agents.GateClosed` if the wait expired or was cancelled,
+        :class:`~trio_agents.InvocationNotFound`, and :class:`~trio_agents.UsageError` if no
+        long-running call of the invocation has that id (the message names those waiting).
+        """
+        if not isinstance(call_id, str) or not call_id:
+            raise UsageError(f"call_id must be a non-empty str, got {call_id!r}")
+        if not isinstance(is_error, bool):
+            raise UsageError(f"is_error must be True or False, got {is_error!r}")
+        text = _to_text(result)
+        events = await self.store.load_events(invocation_id)
+        gate_id = approvals.find_result_gate(invocation_id, call_id, events)
+        request, state = approvals.find_gate(invocation_id, gate_id, "result", events)
+        if state is not None:
+            return approvals.refuse(gate_id, state)
+        decision = ApprovalDecision(
+            invocation_id=invocation_id,
+            approval_id=gate_id,
+            approved=not is_error,
+            state="submitted",
+            decided_by=by or self.owner,
+            result=text,
+        )
+        return await self._end_gate(request, decision)
+
+    async def submit_credential(
+        self, invocation_id: str, request_id: str, credential: str, *, by: str | None = None
+    ) -> bool:
+        """Give a tool the credential it asked for (a ``credential_requested`` event's
+        ``request_id``); the tool then runs again and reads it with ``ctx.credential(name)``.
+
+        The credential is never journaled.  To an invocation waiting here it goes from memory
+        to memory; otherwise the store keeps it apart from every other record until the
+        invocation takes it up, then deletes it.  Returns ``True`` when recorded, ``False``
+        when a credential was submitted for that request already.
+
+        Raises :class:`~trio_agents.GateClosed` if the request expired or was cancelled,
+        :class:`~trio_agents.InvocationNotFound`, and :class:`~trio_agents.UsageError` for an
+        unknown request id or a credential that is not a non-empty str.
+        """
+        if not isinstance(credential, str) or not credential:
+            raise UsageError("the credential must be a non-empty str")
+        events = await self.store.load_events(invocation_id)
+        request, state = approvals.find_gate(invocation_id, request_id, "credential", events)
+        if state is not None:
+            return approvals.refuse(request_id, state)
+        decision = ApprovalDecision(
+            invocation_id=invocation_id,
+            approval_id=request_id,
+            approved=True,
+            state="submitted",
+            decided_by=by or self.owner,
+        )
+        return await self._end_gate(request, decision, secret=credential)
+
+    async def _end_gate(
+        self, request: Event, decision: ApprovalDecision, *, secret: str | None = None
+    ) -> bool:
+        """Record ``decision`` (first write wins), then hand it over if the invocation waits
+        here.  A gate past its ``expires_at`` is ended ``expired`` instead."""
+        invocation_id, gate_id = decision.invocation_id, decision.approval_id
+        expires_at = getattr(request, "expires_at", None)
+        if expires_at is not None and time.time() >= expires_at:
+            expired = attrs.evolve(
+                decision,
+                approved=False,
+                state="expired",
+                reason="no one answered in time",
+                decided_by=None,
+                arguments=None,
+                result=None,
+            )
+            [stands] = await self.store.end_gates([expired])
+            return approvals.refuse(gate_id, stands.state)
         inv = self._active.get(invocation_id)
-        if recorded and inv is not None:
-            inv._deliver(decision)
-        return recorded
+        here = inv is not None and inv._parked_on(gate_id)
+        if await self.store.record_decision(decision, secret=None if here else secret):
+            inv = self._active.get(invocation_id)
+            if inv is not None:
+                inv._deliver(decision, secret if here else None)
+            return True
+        standing = [
+            d for d in await self.store.decisions(invocation_id) if d.approval_id == gate_id
+        ]
+        return approvals.refuse(gate_id, standing[0].state if standing else "decided")
+
+    async def _tool_for(self, invocation_id: str, request: Event) -> Any:
+        record = await self.store.get_invocation(invocation_id)
+        agent = self._agents.get(record.agent)
+        assert isinstance(request, ApprovalRequested)
+        call = request.call
+        found = approvals.find_tool(agent, request.path, call.name)
+        if agent is None or found is None:
+            raise UsageError(
+                f"cannot check the edited arguments of {call.name!r}: this runner does not know "
+                f"agent {record.agent!r} or its tool; pass Runner(agents=[...])"
+            )
+        return found
 
     def cancel_all(
         self,

@@ -26,7 +26,7 @@ import logging
 import re
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Generic, ParamSpec, TypedDict, TypeVar, Unpack, overload
 
 import attrs
@@ -36,7 +36,7 @@ import pydantic_core
 import trio
 from pydantic.fields import FieldInfo
 
-from ._exceptions import ToolError, UsageError
+from ._exceptions import NeedsCredential, ToolError, UsageError
 from .messages import ToolCall, ToolResult, ToolSpec
 
 __all__ = ["Tool", "ToolContext", "ToolOptions", "tool"]
@@ -70,6 +70,10 @@ class ToolContext:
         attempt: 1 normally; greater than 1 when the call is run again on resume after a crash
             left its outcome unknown.
         user_id: the user the invocation runs for, when one was given.
+
+    Credentials a person submitted after the tool raised
+    :class:`~trio_agents.NeedsCredential` are read with :meth:`credential`; they are held in
+    this process's memory only and never shown in the context's ``repr``.
     """
 
     invocation_id: str
@@ -78,10 +82,16 @@ class ToolContext:
     attempt: int = 1
     user_id: str | None = None
     idempotency_key: str = attrs.field()
+    credentials: Mapping[str, str] = attrs.field(factory=dict, repr=False, eq=False, hash=False)
 
     @idempotency_key.default
     def _default_idempotency_key(self) -> str:
         return f"{self.invocation_id}:{self.call_id}"
+
+    def credential(self, name: str) -> str | None:
+        """The credential ``name`` submitted for this invocation, or ``None`` (then raise
+        ``NeedsCredential(name)`` to ask for it)."""
+        return self.credentials.get(name)
 
 
 @attrs.frozen
@@ -99,6 +109,9 @@ class ToolOptions(TypedDict, total=False):
     timeout: float | None
     requires_approval: bool
     idempotent: bool
+    approval_prompt: str | None
+    approval_expires_after: float | None
+    long_running: bool
 
 
 class Tool(Generic[P, R]):
@@ -115,6 +128,13 @@ class Tool(Generic[P, R]):
         requires_approval: a human must approve each call before it runs.
         idempotent: running a call twice is harmless, so a call whose outcome was lost in a
             crash may simply be run again on resume.
+        approval_prompt: what a person deciding on a call is shown (on ``approval_requested``),
+            besides the description.
+        approval_expires_after: seconds after the request a gate of this tool (approval,
+            long-running result, credential) ends ``expired`` (default: the runner's
+            ``approval_expires_after``).
+        long_running: the function starts the work and returns a handle at once; the call's
+            result is submitted later (:meth:`Runner.submit_result`).
 
     Raises:
         UsageError: the function cannot be a tool (see :func:`tool`).
@@ -129,6 +149,9 @@ class Tool(Generic[P, R]):
         timeout: float | None = None,
         requires_approval: bool = False,
         idempotent: bool = False,
+        approval_prompt: str | None = None,
+        approval_expires_after: float | None = None,
+        long_running: bool = False,
     ) -> None:
         if isinstance(fn, Tool):
             raise UsageError(f"{fn!r} is already a tool; use .with_options(...) to change it")
@@ -151,6 +174,15 @@ class Tool(Generic[P, R]):
             raise UsageError(
                 f"tool {name!r}: timeout must be a positive number of seconds, got {timeout!r}"
             )
+        if approval_expires_after is not None and not approval_expires_after > 0:
+            raise UsageError(
+                f"tool {name!r}: approval_expires_after must be positive seconds or None, "
+                f"got {approval_expires_after!r}"
+            )
+        if approval_prompt is not None and not isinstance(approval_prompt, str):
+            raise UsageError(
+                f"tool {name!r}: approval_prompt must be a str, got {approval_prompt!r}"
+            )
         if inspect.isgeneratorfunction(target) or inspect.isasyncgenfunction(target):
             raise UsageError(f"tool {name!r}: a generator cannot be a tool; return a value")
 
@@ -166,6 +198,9 @@ class Tool(Generic[P, R]):
         self.timeout: float | None = timeout
         self.requires_approval: bool = requires_approval
         self.idempotent: bool = idempotent
+        self.approval_prompt: str | None = approval_prompt
+        self.approval_expires_after: float | None = approval_expires_after
+        self.long_running: bool = long_running
         self._call_fn: Callable[..., Any] = fn
         self._is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
             getattr(fn, "__call__", None)  # noqa: B004  (an object with an async __call__)
@@ -190,9 +225,38 @@ class Tool(Generic[P, R]):
             timeout=self.timeout,
             requires_approval=self.requires_approval,
             idempotent=self.idempotent,
+            approval_prompt=self.approval_prompt,
+            approval_expires_after=self.approval_expires_after,
+            long_running=self.long_running,
         )
         options.update(changes)
         return Tool(self.fn, **options)
+
+    def validate_arguments(self, arguments: str | Mapping[str, Any]) -> str:
+        """Check ``arguments`` (JSON text or a mapping) exactly as a model's are checked;
+        return them as JSON text.
+
+        Raises:
+            UsageError: not JSON, not an object, or failing validation - the message names
+                each bad field, as the model would be told.
+        """
+        if isinstance(arguments, Mapping):
+            try:
+                text = pydantic_core.to_json(dict(arguments)).decode()
+            except pydantic_core.PydanticSerializationError as exc:
+                raise UsageError(f"arguments for tool {self.name!r} are not JSON: {exc}") from exc
+        elif isinstance(arguments, str):
+            text = arguments.strip() or "{}"
+        else:
+            raise UsageError(
+                f"arguments for tool {self.name!r} must be a JSON object (a dict or its text), "
+                f"got {type(arguments).__name__}"
+            )
+        try:
+            self._arguments.model_validate_json(text)
+        except pydantic.ValidationError as exc:
+            raise UsageError(f"Invalid arguments for tool {self.name!r}: {_explain(exc)}") from None
+        return text
 
     async def call(self, call: ToolCall, context: ToolContext) -> ToolResult:
         """Validate ``call.arguments``, run the tool, and return what the model should read.
@@ -248,6 +312,9 @@ class Tool(Generic[P, R]):
                 )
             content = _to_text(value)
         except Exception as exc:  # trio.Cancelled is a BaseException: it passes straight through
+            if isinstance(_leaf(exc), NeedsCredential):  # a signal for the agent loop
+                await trio.lowlevel.checkpoint_if_cancelled()
+                raise _leaf(exc) from None
             if not isinstance(_leaf(exc), ToolError):
                 logger.warning("tool %r raised", self.name, exc_info=exc)
             result = self._error(call, _describe(exc))
@@ -275,6 +342,9 @@ def tool(
     timeout: float | None = None,
     requires_approval: bool = False,
     idempotent: bool = False,
+    approval_prompt: str | None = None,
+    approval_expires_after: float | None = None,
+    long_running: bool = False,
 ) -> Tool[P, R]: ...
 
 
@@ -288,6 +358,9 @@ def tool(
     timeout: float | None = None,
     requires_approval: bool = False,
     idempotent: bool = False,
+    approval_prompt: str | None = None,
+    approval_expires_after: float | None = None,
+    long_running: bool = False,
 ) -> Callable[[Callable[P, R]], Tool[P, R]]: ...
 
 
@@ -310,6 +383,10 @@ def tool(
         timeout: seconds one call may take; when they run out the model gets an error result.
         requires_approval: a human must approve each call before it runs.
         idempotent: the tool may be run again when a crash left a call's outcome unknown.
+        approval_prompt: shown to the person deciding (on ``approval_requested``).
+        approval_expires_after: seconds after which a gate of this tool ends ``expired``.
+        long_running: the function returns a handle at once; the result comes later through
+            :meth:`Runner.submit_result` (the invocation waits for it like for an approval).
 
     Raises:
         UsageError: not a callable, or a generator; an invalid name or a non-positive timeout;

@@ -16,7 +16,14 @@ import trio
 from ..events import Event
 from ..messages import Message, ModelResponse, ToolCall, ToolResult
 
-__all__ = ["AgentLike", "ApprovalAnswer", "PauseRequested", "RunContext", "StopRequested"]
+__all__ = [
+    "AgentLike",
+    "ApprovalAnswer",
+    "GateSpec",
+    "PauseRequested",
+    "RunContext",
+    "StopRequested",
+]
 
 
 class StopRequested(Exception):
@@ -27,8 +34,9 @@ class StopRequested(Exception):
 
 
 class PauseRequested(Exception):
-    """Raised when approvals were not decided within the runner's ``approval_timeout``: the
-    invocation ends ``paused`` (nothing runs, nothing is held) until it is resumed.
+    """Raised when gates (approvals, long-running results, credentials) did not end within
+    the runner's ``approval_timeout``: the invocation ends ``paused`` (nothing runs, nothing
+    is held) until it is resumed.  ``pending`` names the gates.
 
     Internal signal between the agent loop and the runner; it never reaches users.
     """
@@ -40,11 +48,29 @@ class PauseRequested(Exception):
 
 @attrs.frozen(kw_only=True)
 class ApprovalAnswer:
-    """The decision on one tool call that needed approval."""
+    """How the approval gate of one tool call ended.
+
+    ``state`` is ``approved``, ``denied``, ``expired`` or ``cancelled``; ``approved`` is true
+    only when approved; ``arguments`` (JSON text) replaces the model's when a person approved
+    edited ones.
+    """
 
     approval_id: str
     approved: bool
     reason: str | None = None
+    state: str = "approved"
+    arguments: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class GateSpec:
+    """What a gate of one tool call shows and how long it stays open: the tool's
+    ``description``, its ``approval_prompt``, and its ``approval_expires_after`` (``None``:
+    the runner's)."""
+
+    description: str = ""
+    prompt: str | None = None
+    expires_after: float | None = None
 
 
 class RunContext(Protocol):
@@ -120,14 +146,42 @@ class RunContext(Protocol):
         ...
 
     async def await_approvals(
-        self, turn: int, calls: Sequence[ToolCall]
+        self, turn: int, calls: Sequence[ToolCall], specs: Mapping[str, GateSpec] = {}
     ) -> Mapping[str, ApprovalAnswer]:
         """Ask for approval of each call (journaled once, also across resumes), then wait
-        until every one is decided; return the answers by call id.
+        until every one's gate ended; return the answers by call id.  ``specs`` (by call id)
+        say what each gate shows and when it expires.
 
         A cancel of any mode ends the wait (:class:`StopRequested` for a safe-point mode);
         :class:`PauseRequested` if the runner's ``approval_timeout`` passes first.
         """
+        ...
+
+    async def await_result(
+        self, turn: int, call: ToolCall, handle: ToolResult | None, spec: GateSpec
+    ) -> ToolResult:
+        """Wait for a long-running call's result: journal ``result_requested`` with
+        ``handle`` (what the function returned; ``None`` on resume, when it was journaled
+        already), wait like :meth:`await_approvals`, and return the result the model sees
+        (an error result when the gate expired or was cancelled)."""
+        ...
+
+    async def await_credential(
+        self,
+        turn: int,
+        call: ToolCall,
+        name: str,
+        hint: str | None,
+        scopes: Sequence[str],
+        spec: GateSpec,
+    ) -> Mapping[str, str] | None:
+        """Ask for credential ``name`` (journaled without any secret), wait like
+        :meth:`await_approvals`, and return the credentials the tool may read, or ``None``
+        when the gate expired or was cancelled."""
+        ...
+
+    def credentials(self) -> Mapping[str, str]:
+        """Credentials submitted to this invocation (memory only), for :class:`ToolContext`."""
         ...
 
 

@@ -10,8 +10,23 @@ from collections.abc import Sequence
 
 import attrs
 
-from ..events import Event, ToolCallFinished, ToolCallStarted, TurnFinished
-from ..messages import AssistantMessage, Message, ToolResult, ToolResultMessage, Usage, UserMessage
+from ..events import (
+    CredentialRequested,
+    Event,
+    ResultRequested,
+    ToolCallFinished,
+    ToolCallStarted,
+    TurnFinished,
+)
+from ..messages import (
+    AssistantMessage,
+    Message,
+    ToolCall,
+    ToolResult,
+    ToolResultMessage,
+    Usage,
+    UserMessage,
+)
 
 __all__ = ["Transcript"]
 
@@ -22,7 +37,11 @@ class Transcript:
 
     ``last`` is the newest assistant message whose tool calls have not been answered yet
     (``None`` once its results were folded into ``messages``).  ``intents`` counts how many
-    times each call of that turn was started; ``results`` holds the results recorded for it.
+    times each call of that turn was started with an unknown outcome (a start that ended in a
+    credential request is known to have done nothing); ``started`` holds the call as last
+    started (a person may have edited its arguments); ``awaiting`` the long-running calls whose
+    handle was journaled (their function is not run again); ``results`` holds the results
+    recorded for it.
     """
 
     messages: list[Message]
@@ -30,6 +49,8 @@ class Transcript:
     last: AssistantMessage | None = None
     results: dict[str, ToolResult] = attrs.field(factory=dict)
     intents: dict[str, int] = attrs.field(factory=dict)
+    started: dict[str, ToolCall] = attrs.field(factory=dict)
+    awaiting: set[str] = attrs.field(factory=set)
     usage: Usage = Usage()
 
     @classmethod
@@ -51,6 +72,11 @@ class Transcript:
                 transcript.add_turn(event.message, event.usage, turn=event.turn)
             elif isinstance(event, ToolCallStarted):
                 transcript.intents[event.call.id] = transcript.intents.get(event.call.id, 0) + 1
+                transcript.started[event.call.id] = event.call
+            elif isinstance(event, CredentialRequested):
+                transcript.intents[event.call.id] = transcript.intents.get(event.call.id, 1) - 1
+            elif isinstance(event, ResultRequested):
+                transcript.awaiting.add(event.call.id)
             elif isinstance(event, ToolCallFinished):
                 transcript.results[event.result.call_id] = event.result
         return transcript
@@ -62,6 +88,8 @@ class Transcript:
         self.usage = self.usage + usage
         self.results = {}
         self.intents = {}
+        self.started = {}
+        self.awaiting = set()
 
     def close_turn(self) -> None:
         """Fold the last turn's tool results into the messages, in the order of its calls."""
@@ -73,3 +101,5 @@ class Transcript:
         self.last = None
         self.results = {}
         self.intents = {}
+        self.started = {}
+        self.awaiting = set()

@@ -10,9 +10,17 @@ tool.  Safe points (between turns, after tools) are where ``after_turn`` / ``aft
 cancels take effect.
 
 Tools declared ``requires_approval=True`` wait for a person: the turn's approvals are asked
-for (journaled, published as ``approval_requested``) and decided before any of its calls runs;
-a declined call is answered to the model as not approved.  The wait ends with any cancel, and
-with a pause when the runner's ``approval_timeout`` passes.
+for (journaled, published as ``approval_requested``) and end before any of its calls runs; a
+call whose approval did not end ``approved`` (denied, expired, cancelled) never runs and the
+model is told why; an approval with edited arguments runs the call with those.  A
+``long_running`` tool's handle is journaled and the call waits for its result; a tool that
+raises :class:`~trio_agents.NeedsCredential` waits for the credential and runs again.  Every
+such wait (a gate, see :mod:`trio_agents.approvals`) ends with any cancel, and with a pause
+when the runner's ``approval_timeout`` passes.
+
+Call ids: a model turn whose calls carry an empty or repeated id (some OpenAI-compatible
+servers send them) gets unique, deterministic ids (``call_<turn>_<index>``) before the turn is
+journaled, so the transcript, the results sent back, the gates and a resume all agree.
 """
 
 from __future__ import annotations
@@ -20,13 +28,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeAlias
 
+import attrs
 import trio
 
-from .._exceptions import MaxTurnsExceeded, UsageError
-from ..messages import ModelRequest, ToolCall, ToolResult
+from .._exceptions import MaxTurnsExceeded, NeedsCredential, UsageError
+from ..messages import ModelRequest, ModelResponse, ToolCall, ToolResult
 from ..models._base import Model, ReasoningChunk, TextChunk
 from ..tools import Tool, ToolContext, tool
-from ._context import ApprovalAnswer, RunContext, StopRequested
+from ._context import ApprovalAnswer, GateSpec, RunContext, StopRequested
 from ._transcript import Transcript
 
 __all__ = ["Agent"]
@@ -50,6 +59,46 @@ NOT_APPROVED = (
     "not approved: this call of tool {name!r} was not run because a person declined it"
     "{reason}. Do not call it again unless asked to."
 )
+
+
+APPROVAL_EXPIRED = (
+    "expired: this call of tool {name!r} was not run because no one approved it in time. "
+    "Do not call it again unless asked to."
+)
+
+
+APPROVAL_CANCELLED = (
+    "cancelled: this call of tool {name!r} was not run because the invocation was cancelled "
+    "while it waited for approval."
+)
+
+
+NO_CREDENTIAL = (
+    "no credential: this call of tool {name!r} needed credential {credential!r}, which was "
+    "not given ({state})."
+)
+
+
+def unique_call_ids(response: ModelResponse, turn: int) -> ModelResponse:
+    """``response`` with an empty or repeated tool call id replaced by ``call_<turn>_<index>``
+    (made unique if the model used that too); unchanged when every id is unique."""
+    calls = response.message.tool_calls
+    taken = {c.id for c in calls}
+    seen: set[str] = set()
+    fixed: list[ToolCall] = []
+    for index, call in enumerate(calls):
+        call_id = call.id
+        if not call_id or call_id in seen:
+            call_id = f"call_{turn}_{index}"
+            while call_id in taken or call_id in seen:
+                call_id += "_"
+            call = attrs.evolve(call, id=call_id)
+        seen.add(call_id)
+        fixed.append(call)
+    if fixed == list(calls):
+        return response
+    message = attrs.evolve(response.message, tool_calls=tuple(fixed))
+    return attrs.evolve(response, message=message)
 
 
 def _as_tool(item: AnyTool | Callable[..., Any], agent: str) -> AnyTool:
@@ -162,6 +211,7 @@ class Agent:
                 response = stream.response
         if scope.cancelled_caught:
             raise StopRequested
+        response = unique_call_ids(response, turn)
         await ctx.record_turn(turn, response)
         transcript.add_turn(response.message, response.usage, turn=turn)
 
@@ -178,12 +228,23 @@ class Agent:
             and t.requires_approval
             and c.id not in transcript.intents
         ]
-        answers = await ctx.await_approvals(transcript.turns, gated) if gated else {}
+        specs = {c.id: self._spec(c) for c in gated}
+        answers = await ctx.await_approvals(transcript.turns, gated, specs) if gated else {}
         async with trio.open_nursery() as nursery:
             for call in calls:
                 nursery.start_soon(self._run_one, ctx, transcript, call, answers.get(call.id))
         if any(c.id not in transcript.results for c in calls):
             ctx.check_stop()  # a call was not started: the stop that prevented it is due
+
+    def _spec(self, call: ToolCall) -> GateSpec:
+        found = self._tools.get(call.name)
+        if found is None:
+            return GateSpec()
+        return GateSpec(
+            description=found.description,
+            prompt=found.approval_prompt,
+            expires_after=found.approval_expires_after,
+        )
 
     async def _run_one(
         self,
@@ -195,15 +256,24 @@ class Agent:
         turn = transcript.turns
         found = self._tools.get(call.name)
         attempt = transcript.intents.get(call.id, 0) + 1
+        call = transcript.started.get(call.id, call)  # as started: maybe with edited arguments
+        if answer is not None and answer.arguments is not None:
+            call = attrs.evolve(call, arguments=answer.arguments)
         if answer is not None and not answer.approved:
+            text = {"expired": APPROVAL_EXPIRED, "cancelled": APPROVAL_CANCELLED}.get(
+                answer.state, NOT_APPROVED
+            )
             result = ToolResult(
                 call_id=call.id,
                 name=call.name,
-                content=NOT_APPROVED.format(
+                content=text.format(
                     name=call.name, reason=f": {answer.reason}" if answer.reason else ""
                 ),
                 is_error=True,
             )
+        elif found is not None and found.long_running and call.id in transcript.awaiting:
+            # Its function ran and its handle is journaled: only the result is still due.
+            result = await ctx.await_result(turn, call, None, self._spec(call))
         elif attempt > 1 and (found is None or not found.idempotent):
             result = ToolResult(
                 call_id=call.id,
@@ -232,14 +302,43 @@ class Agent:
                     is_error=True,
                 )
             else:
-                context = ToolContext(
-                    invocation_id=ctx.invocation_id,
-                    call_id=call.id,
-                    tool_name=call.name,
-                    idempotency_key=f"{ctx.invocation_id}:{call.id}",
-                    attempt=attempt,
-                    user_id=ctx.user_id,
-                )
-                result = await found.call(call, context)
+                result = await self._call(ctx, found, call, turn, attempt)
         await ctx.record_tool_finished(turn, result)
         transcript.results[call.id] = result
+
+    async def _call(
+        self, ctx: RunContext, found: AnyTool, call: ToolCall, turn: int, attempt: int
+    ) -> ToolResult:
+        """Run the tool (its intent is journaled); wait at its gates: a credential it asks
+        for (then it runs again, under a new intent), a long-running call's result."""
+        while True:
+            context = ToolContext(
+                invocation_id=ctx.invocation_id,
+                call_id=call.id,
+                tool_name=call.name,
+                idempotency_key=f"{ctx.invocation_id}:{call.id}",
+                attempt=attempt,
+                user_id=ctx.user_id,
+                credentials=ctx.credentials(),
+            )
+            try:
+                result = await found.call(call, context)
+            except NeedsCredential as need:
+                given = await ctx.await_credential(
+                    turn, call, need.name, need.hint, need.scopes, self._spec(call)
+                )
+                if given is None or need.name not in given:
+                    state = "expired or cancelled" if given is None else "it was not received"
+                    return ToolResult(
+                        call_id=call.id,
+                        name=call.name,
+                        content=NO_CREDENTIAL.format(
+                            name=call.name, credential=need.name, state=state
+                        ),
+                        is_error=True,
+                    )
+                await ctx.record_tool_started(turn, call)
+                continue
+            if found.long_running and not result.is_error:
+                return await ctx.await_result(turn, call, result, self._spec(call))
+            return result

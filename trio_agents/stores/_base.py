@@ -11,6 +11,9 @@ A store knows nothing of agents.  It keeps:
   event, so the store can replay every event an invocation published
   (:meth:`Store.read_events`) and wake readers when more arrive (:meth:`Store.wait_for_events`);
 * **cancel requests** - so a cancel can be made by id from another process;
+* **gate ends** - decisions, long-running results, and expired or cancelled gates
+  (:class:`ApprovalDecision`), first write wins; submitted credentials are kept apart and
+  removed once taken (:meth:`Store.take_secret`), never in the journal;
 * **sessions** - event-sourced conversations (as in Google ADK): an append-only list of
   :class:`SessionEntry` whose ``state_delta`` values fold into the session's ``state``.
 
@@ -57,7 +60,7 @@ from typing import Literal, Protocol, TypeAlias, runtime_checkable
 import attrs
 
 from .._exceptions import LeaseError, StoreError, UsageError
-from ..events import CancelMode, Event, EventId
+from ..events import CancelMode, Event, EventId, GateState
 from ..messages import Message
 
 __all__ = [
@@ -137,10 +140,15 @@ class CancelRequest:
 
 @attrs.frozen(kw_only=True)
 class ApprovalDecision:
-    """Someone's answer to an approval request, kept until the invocation reads it.
+    """How a gate ended (an approval, a long-running result, a credential), kept until the
+    invocation reads it.  At most one per gate: the first one written stands.
 
     It may be made while the invocation runs (here or in another process) or while it is
-    paused; the invocation journals it (``approval_decided``) when it takes it up.
+    paused; the invocation journals it when it takes it up.  ``state`` is the end state
+    (``approved``, ``denied``, ``submitted``, ``expired``, ``cancelled``; by default from
+    ``approved``); ``arguments`` the arguments a person approved instead of the model's (JSON
+    text); ``result`` a long-running call's submitted result.  A credential is never here (see
+    :meth:`Store.take_secret`).  Rows written before ``state`` existed read with the default.
     """
 
     invocation_id: str
@@ -149,6 +157,13 @@ class ApprovalDecision:
     reason: str | None = None
     decided_by: str | None = None
     decided_at: float = 0.0
+    state: GateState = attrs.field()
+    arguments: str | None = None
+    result: str | None = None
+
+    @state.default
+    def _state_from_approved(self) -> GateState:
+        return "approved" if self.approved else "denied"
 
 
 @attrs.frozen(kw_only=True)
@@ -392,13 +407,34 @@ class Store(Protocol):
         """The pending cancel requests for these invocations (the owner polls this)."""
         ...
 
-    async def record_decision(self, decision: ApprovalDecision) -> bool:
-        """Persist an approval decision; ``False`` if that approval has one already (the first
-        decision stands).  ``decided_at`` of ``0.0`` is stamped with the store's clock.
+    async def record_decision(
+        self, decision: ApprovalDecision, *, secret: str | None = None
+    ) -> bool:
+        """Persist how a gate ended; ``False`` if that gate has an end already (the first one
+        stands).  ``decided_at`` of ``0.0`` is stamped with the store's clock.
+
+        ``secret`` (a submitted credential) is kept apart from every other record, in the
+        same transaction, until :meth:`take_secret` removes it (or the invocation ends other
+        than ``paused``, which removes its secrets).
 
         Raises :class:`~trio_agents.InvocationNotFound`.  Wakes :meth:`wait_for_requests`
         (in other processes too, where the store can).
         """
+        ...
+
+    async def end_gates(self, decisions: Sequence[ApprovalDecision]) -> list[ApprovalDecision]:
+        """Record each gate end unless its gate has one already, in one transaction; return
+        the end that stands for each (the one given, or the one written first).
+
+        How an invocation closes its own gates (``expired``, ``cancelled``) so that a racing
+        decision loses cleanly - or wins cleanly.  Raises
+        :class:`~trio_agents.InvocationNotFound`.
+        """
+        ...
+
+    async def take_secret(self, invocation_id: str, gate_id: str) -> str | None:
+        """Remove and return the credential submitted for ``gate_id`` (``None`` if there is
+        none).  Once taken it is gone from the store."""
         ...
 
     async def decisions(self, invocation_id: str) -> list[ApprovalDecision]:

@@ -27,7 +27,7 @@ from typing import Any, Final, cast
 import attrs
 
 from .._exceptions import CorruptRecordError, InvocationNotFound, LeaseError, StoreError, UsageError
-from ..events import CANCEL_MODES
+from ..events import CANCEL_MODES, GATE_STATES
 from ._base import ApprovalDecision, CancelRequest, InvocationRecord, InvocationStatus, Lease
 from ._records import lease_held, lease_taken, merge_cancel
 from ._sql_sessions import claim_session
@@ -110,6 +110,20 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
             last_sub BIGINT NOT NULL,
             data TEXT NOT NULL,
             PRIMARY KEY (invocation_id, first_seq, first_sub)
+        )""",
+    ),
+    # 4: gate end states (approved, denied, submitted, expired, cancelled; old rows read
+    # theirs from `approved`), approved-with-edits arguments, long-running results; submitted
+    # credentials apart, removed once taken.
+    (
+        "ALTER TABLE approval_decisions ADD COLUMN state TEXT",
+        "ALTER TABLE approval_decisions ADD COLUMN arguments TEXT",
+        "ALTER TABLE approval_decisions ADD COLUMN result TEXT",
+        """CREATE TABLE gate_secrets (
+            invocation_id TEXT NOT NULL REFERENCES invocations (id) ON DELETE CASCADE,
+            gate_id TEXT NOT NULL,
+            secret TEXT NOT NULL,
+            PRIMARY KEY (invocation_id, gate_id)
         )""",
     ),
 )
@@ -354,30 +368,82 @@ def cancel_requests(tx: Tx, invocation_ids: Sequence[str]) -> list[CancelRequest
 
 # ---- approval decisions -------------------------------------------------------------------
 
-_DECISION_COLUMNS: Final = "invocation_id, approval_id, approved, reason, decided_by, decided_at"
+_DECISION_COLUMNS: Final = (
+    "invocation_id, approval_id, approved, reason, decided_by, decided_at, state, arguments, result"
+)
+_GATE_STATES: Final = frozenset(GATE_STATES)
 
 
-def record_decision(tx: Tx, decision: ApprovalDecision) -> bool:
+def _insert_decision(tx: Tx, decision: ApprovalDecision) -> bool:
+    return bool(
+        tx.run(
+            f"INSERT INTO approval_decisions ({_DECISION_COLUMNS})"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (invocation_id, approval_id) DO NOTHING",
+            (
+                decision.invocation_id,
+                decision.approval_id,
+                int(decision.approved),
+                decision.reason,
+                decision.decided_by,
+                decision.decided_at or tx.now(),
+                decision.state,
+                decision.arguments,
+                decision.result,
+            ),
+        )
+    )
+
+
+def record_decision(tx: Tx, decision: ApprovalDecision, secret: str | None = None) -> bool:
     if not tx.rows("SELECT 1 FROM invocations WHERE id = ?", (decision.invocation_id,)):
         raise InvocationNotFound(f"no invocation with id {decision.invocation_id!r}")
-    inserted = tx.run(
-        f"INSERT INTO approval_decisions ({_DECISION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)"
-        " ON CONFLICT (invocation_id, approval_id) DO NOTHING",
-        (
-            decision.invocation_id,
-            decision.approval_id,
-            int(decision.approved),
-            decision.reason,
-            decision.decided_by,
-            decision.decided_at or tx.now(),
-        ),
-    )
+    inserted = _insert_decision(tx, decision)
     if inserted:
+        if secret is not None:
+            tx.run(
+                "INSERT INTO gate_secrets (invocation_id, gate_id, secret) VALUES (?, ?, ?)",
+                (decision.invocation_id, decision.approval_id, secret),
+            )
         tx.notify(decision.invocation_id)
-    return bool(inserted)
+    return inserted
+
+
+def end_gates(tx: Tx, decisions: Sequence[ApprovalDecision]) -> list[ApprovalDecision]:
+    for invocation_id in dict.fromkeys(d.invocation_id for d in decisions):
+        if not tx.rows("SELECT 1 FROM invocations WHERE id = ?", (invocation_id,)):
+            raise InvocationNotFound(f"no invocation with id {invocation_id!r}")
+    standing = []
+    for decision in decisions:
+        if _insert_decision(tx, decision):
+            tx.notify(decision.invocation_id)
+        rows = tx.rows(
+            f"SELECT {_DECISION_COLUMNS} FROM approval_decisions"
+            " WHERE invocation_id = ? AND approval_id = ?",
+            (decision.invocation_id, decision.approval_id),
+        )
+        standing.append(_decision(rows[0]))
+    return standing
+
+
+def take_secret(tx: Tx, invocation_id: str, gate_id: str) -> str | None:
+    rows = tx.rows(
+        "SELECT secret FROM gate_secrets WHERE invocation_id = ? AND gate_id = ?",
+        (invocation_id, gate_id),
+    )
+    if not rows:
+        return None
+    tx.run(
+        "DELETE FROM gate_secrets WHERE invocation_id = ? AND gate_id = ?",
+        (invocation_id, gate_id),
+    )
+    return str(rows[0][0])
 
 
 def _decision(row: Sequence[Any]) -> ApprovalDecision:
+    state = row[6] if row[6] is not None else ("approved" if row[2] else "denied")
+    if state not in _GATE_STATES:
+        raise CorruptRecordError(f"gate {row[1]!r} of {row[0]!r} has an unknown state {state!r}")
     return ApprovalDecision(
         invocation_id=row[0],
         approval_id=row[1],
@@ -385,6 +451,9 @@ def _decision(row: Sequence[Any]) -> ApprovalDecision:
         reason=row[3],
         decided_by=row[4],
         decided_at=float(row[5]),
+        state=state,
+        arguments=row[7],
+        result=row[8],
     )
 
 

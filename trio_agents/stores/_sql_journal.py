@@ -113,6 +113,8 @@ def _apply(tx: Tx, write: JournalWrite) -> None:
     )
     if status != "running":
         tx.run("DELETE FROM cancel_requests WHERE invocation_id = ?", (invocation_id,))
+    if status not in ("running", "paused"):  # no gate can take a credential up any more
+        tx.run("DELETE FROM gate_secrets WHERE invocation_id = ?", (invocation_id,))
     if write.session_entry is not None and record.session_id is not None:
         ensure_session(tx, record.session_id, record.user_id)
         append_entry(tx, record.session_id, write.session_entry, invocation_id=invocation_id)

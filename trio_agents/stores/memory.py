@@ -68,7 +68,8 @@ class MemoryStore:
         self._events: dict[str, list[Event]] = {}  # every event, in id order
         self._by_session: dict[str, list[str]] = {}  # session id -> its invocations
         self._cancels: dict[str, CancelRequest] = {}
-        self._decisions: dict[str, dict[str, ApprovalDecision]] = {}  # invocation -> approval
+        self._decisions: dict[str, dict[str, ApprovalDecision]] = {}  # invocation -> gate
+        self._secrets: dict[tuple[str, str], str] = {}  # (invocation, gate) -> credential
         self._poke = trio.Event()
         self._readers: dict[str, trio.lowlevel.ParkingLot] = {}  # wait_for_events, by invocation
         self._sessions: dict[str, Session] = {}
@@ -270,6 +271,9 @@ class MemoryStore:
             )
             if status != "running":
                 self._cancels.pop(invocation_id, None)
+            if status not in ("running", "paused"):
+                for key in [k for k in self._secrets if k[0] == invocation_id]:
+                    del self._secrets[key]
             if entry is not None and session_id is not None:
                 self._append(self._ensure_session(session_id, record.user_id, now), entry, now)
             if written:
@@ -352,7 +356,9 @@ class MemoryStore:
         await trio.lowlevel.checkpoint()
         return [self._cancels[i] for i in invocation_ids if i in self._cancels]
 
-    async def record_decision(self, decision: ApprovalDecision) -> bool:
+    async def record_decision(
+        self, decision: ApprovalDecision, *, secret: str | None = None
+    ) -> bool:
         await trio.lowlevel.checkpoint()
         self._get(decision.invocation_id)
         decided = self._decisions.setdefault(decision.invocation_id, {})
@@ -361,8 +367,29 @@ class MemoryStore:
         decided[decision.approval_id] = attrs.evolve(
             decision, decided_at=decision.decided_at or self._clock()
         )
+        if secret is not None:
+            self._secrets[(decision.invocation_id, decision.approval_id)] = secret
         self._poke.set()
         return True
+
+    async def end_gates(self, decisions: Sequence[ApprovalDecision]) -> list[ApprovalDecision]:
+        await trio.lowlevel.checkpoint()
+        for decision in decisions:
+            self._get(decision.invocation_id)
+        standing = []
+        for decision in decisions:
+            decided = self._decisions.setdefault(decision.invocation_id, {})
+            if decision.approval_id not in decided:
+                decided[decision.approval_id] = attrs.evolve(
+                    decision, decided_at=decision.decided_at or self._clock()
+                )
+                self._poke.set()
+            standing.append(decided[decision.approval_id])
+        return standing
+
+    async def take_secret(self, invocation_id: str, gate_id: str) -> str | None:
+        await trio.lowlevel.checkpoint()
+        return self._secrets.pop((invocation_id, gate_id), None)
 
     async def decisions(self, invocation_id: str) -> list[ApprovalDecision]:
         await trio.lowlevel.checkpoint()

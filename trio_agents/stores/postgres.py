@@ -430,8 +430,18 @@ class PostgresStore:
     async def cancel_requests(self, invocation_ids: Sequence[str]) -> list[CancelRequest]:
         return await self._run(partial(_sql.cancel_requests, invocation_ids=list(invocation_ids)))
 
-    async def record_decision(self, decision: ApprovalDecision) -> bool:
-        return await self._run(partial(_sql.record_decision, decision=decision))
+    async def record_decision(
+        self, decision: ApprovalDecision, *, secret: str | None = None
+    ) -> bool:
+        return await self._run(partial(_sql.record_decision, decision=decision, secret=secret))
+
+    async def end_gates(self, decisions: Sequence[ApprovalDecision]) -> list[ApprovalDecision]:
+        return await self._run(partial(_sql.end_gates, decisions=list(decisions)))
+
+    async def take_secret(self, invocation_id: str, gate_id: str) -> str | None:
+        return await self._run(
+            partial(_sql.take_secret, invocation_id=invocation_id, gate_id=gate_id)
+        )
 
     async def decisions(self, invocation_id: str) -> list[ApprovalDecision]:
         return await self._run(partial(_sql.decisions, invocation_id=invocation_id))

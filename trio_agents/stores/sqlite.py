@@ -20,6 +20,12 @@ Durability
     event on ordinary disks; the runner's promises are about the process (cancel, crash,
     restart), which ``NORMAL`` keeps.
 
+Secrets
+    A submitted credential is kept in its own table until the invocation takes it, then
+    deleted with ``secure_delete`` on, so its bytes are zeroed in the database file.  Until the
+    WAL is checkpointed and restarted (at the latest when the last connection closes) an old
+    copy of the page may remain in the ``-wal`` file.
+
 Cancel
     A call's thread is never abandoned.  On a trio cancel the store calls
     ``sqlite3.Connection.interrupt()``: the running statement aborts, the transaction rolls back,
@@ -189,6 +195,8 @@ class SQLiteStore:
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
             conn.execute("PRAGMA foreign_keys = ON")
+            # A taken credential's row is deleted; this zeroes its bytes in the file too.
+            conn.execute("PRAGMA secure_delete = ON")
             # From now on wait for other processes' locks in slices (see _transact).
             conn.execute(f"PRAGMA busy_timeout = {_BUSY_SLICE_MS}")
         except sqlite3.Error as exc:
@@ -388,8 +396,20 @@ class SQLiteStore:
             partial(_sql.cancel_requests, invocation_ids=list(invocation_ids)), write=False
         )
 
-    async def record_decision(self, decision: ApprovalDecision) -> bool:
-        return await self._run(partial(_sql.record_decision, decision=decision), write=True)
+    async def record_decision(
+        self, decision: ApprovalDecision, *, secret: str | None = None
+    ) -> bool:
+        return await self._run(
+            partial(_sql.record_decision, decision=decision, secret=secret), write=True
+        )
+
+    async def end_gates(self, decisions: Sequence[ApprovalDecision]) -> list[ApprovalDecision]:
+        return await self._run(partial(_sql.end_gates, decisions=list(decisions)), write=True)
+
+    async def take_secret(self, invocation_id: str, gate_id: str) -> str | None:
+        return await self._run(
+            partial(_sql.take_secret, invocation_id=invocation_id, gate_id=gate_id), write=True
+        )
 
     async def decisions(self, invocation_id: str) -> list[ApprovalDecision]:
         return await self._run(partial(_sql.decisions, invocation_id=invocation_id), write=False)
