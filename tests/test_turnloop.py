@@ -222,11 +222,18 @@ async def test_policy_at_each_moment(policy: str, moment: str, autojump_clock: A
         request = bot.model.requests[-1]
         assert request.messages[0] == UserMessage(text=FIRST[moment])
         assert request.messages[-1] == UserMessage(text="quick two")
+        said = request.messages[1]
+        assert isinstance(said, AssistantMessage)
         if moment == "mid_stream":
-            said = request.messages[1]
-            assert isinstance(said, AssistantMessage)
             assert said.text.startswith("one two")
             assert said.text.endswith("[interrupted: preempted by a new message]")
+        elif moment == "on_approval":
+            # The gate ended cancelled, and the model is told so.
+            assert list(ends[0].gates.values()) == ["cancelled"]
+            assert said.text == (
+                "[interrupted: preempted by a new message; "
+                "the approval of deploy was cancelled]"
+            )
     if moment == "during_tool":
         assert bot.work_started == 1
         assert (bot.work_cancelled, bot.work_done) == ((1, 0) if policy == "preempt" else (0, 1))

@@ -528,14 +528,27 @@ class Invocation:
         }
         entry = None
         if self.session_id is not None:
+            # The next turn's model sees this answer; a turn cut off says so even when it had
+            # said nothing yet, and names the gates the cancel closed.
+            said = reason
+            note = approvals.cancelled_note(
+                self._gate_tally,
+                [
+                    f.get("approval_id") or f["request_id"]
+                    for _, f in closing
+                    if f["state"] == "cancelled"
+                ],
+            )
+            if note:
+                said = f"{reason}; {note}" if reason else note
             entry = SessionEntry(
                 seq=0,
                 author=self.agent.name,
                 invocation_id=self.id,
-                message=AssistantMessage(text=output) if output else None,
+                message=AssistantMessage(text=output) if output or status != "completed" else None,
                 status=status,
                 interrupted=status != "completed",
-                reason=reason,
+                reason=said,
             )
         ended, store_error = await self.recorder.end(
             fields, entry, timeout=self._env.cleanup_timeout, before=closing

@@ -108,7 +108,9 @@ def history_of(entries: Iterable[SessionEntry], invocation_id: str) -> list[Mess
         message = entry.message
         if entry.interrupted and isinstance(message, AssistantMessage):
             note = f"[interrupted: {entry.reason}]" if entry.reason else "[interrupted]"
-            message = attrs.evolve(message, text=f"{message.text}\n\n{note}")
+            message = attrs.evolve(
+                message, text=f"{message.text}\n\n{note}" if message.text else note
+            )
         if isinstance(message, AssistantMessage) and entry.invocation_id is not None:
             index = answers.get(entry.invocation_id)
             if index is not None:  # a resumed invocation answered again: keep the latest

@@ -119,6 +119,7 @@ class GateInfo:
     turn: int
     state: str = "open"
     expires_at: float | None = None
+    tool: str = ""  # the tool whose call it gates
 
 
 def id_of(event: Event) -> str:
@@ -149,6 +150,7 @@ def info_of(request: Event) -> GateInfo:
         path=request.path,  # type: ignore[union-attr]
         turn=request.turn,  # type: ignore[union-attr]
         expires_at=request.expires_at,  # type: ignore[union-attr]
+        tool=request.call.name,  # type: ignore[union-attr]
     )
 
 
@@ -507,6 +509,16 @@ def end_events(
         fields = _end_fields(info.kind, end)
         found.append((_END_CLASS[info.kind], {"path": info.path, "turn": info.turn, **fields}))
     return found
+
+
+def cancelled_note(gates: Mapping[str, GateInfo], ended: Iterable[str]) -> str:
+    """What a person's cancel did to the gates ``ended`` (their ids), for the transcript the
+    model sees next: ``"the approval of deploy was cancelled"``."""
+    words = {"approval": "approval of", "result": "result of", "credential": "credential for"}
+    parts = [f"the {words.get(gates[g].kind, gates[g].kind)} {gates[g].tool}" for g in ended]
+    if not parts:
+        return ""
+    return f"{', '.join(parts)} {'was' if len(parts) == 1 else 'were'} cancelled"
 
 
 def cancelled_ends(
