@@ -39,6 +39,10 @@ EXPECTED = {
         for store in ("memory", "sqlite")
     ],
     "journal": [r"sqlite +\d+ writes/s \| resume of a 40-turn journal +[\d.]+ ms"],
+    "turnloop": [
+        r"bare cancel floor: p50 [\d.]+ p99 [\d.]+ ms \(\d+ cancels\)",
+        r"loop.send\(\) -> old stream's disconnect: p50 [\d.]+ p99 [\d.]+ ms \(\d+ preemptions\)",
+    ],
 }
 
 
