@@ -8,6 +8,7 @@ re-opening in another process are at the end.
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -37,9 +38,11 @@ from trio_agents.messages import AssistantMessage, ModelRequest, ToolResultMessa
 from trio_agents.models import ScriptedModel, ScriptedTurn
 from trio_agents.runner import Invocation, Runner
 from trio_agents.stores import PostgresStore, SQLiteStore, Store
+from trio_agents.testing import ResponsePlan
 from trio_agents.tools import tool
 
 from ._helpers import live_task_names, terminal_events
+from ._wire import WIRE_IDS, WIRES, Wire
 from .loop_child import ORDER_ANSWER, make_agent
 
 LOOP = "loop:s1"
@@ -231,8 +234,7 @@ async def test_policy_at_each_moment(policy: str, moment: str, autojump_clock: A
             # The gate ended cancelled, and the model is told so.
             assert list(ends[0].gates.values()) == ["cancelled"]
             assert said.text == (
-                "[interrupted: preempted by a new message; "
-                "the approval of deploy was cancelled]"
+                "[interrupted: preempted by a new message; the approval of deploy was cancelled]"
             )
     if moment == "during_tool":
         assert bot.work_started == 1
@@ -717,3 +719,48 @@ async def test_a_second_process_opening_the_same_conversation_gets_lease_error(
                 async with runner.open_turn_loop(make_agent(effects), session_id="s1"):
                     pass  # pragma: no cover
         holder.kill()
+
+
+# ==== over real HTTP ========================================================================
+
+
+@pytest.mark.parametrize("wire", WIRES, ids=WIRE_IDS)
+async def test_preempt_immediate_over_http(wire: Wire) -> None:
+    """The model server saw the first stream's disconnect before the second request arrived,
+    and the second request carries the interrupted partial answer."""
+
+    def responder(body: Any) -> ResponsePlan:
+        if "quick two" in json.dumps(body):
+            return wire.stream(["second ", "answer"])
+        return wire.stream([f"word{i} " for i in range(200)], delay=0.05)
+
+    async with (
+        wire.server(responder=responder) as server,
+        wire.model(server) as model,
+        Runner() as runner,
+        runner.open_turn_loop(
+            Agent(name="h", model=model), session_id="s1", policy="preempt"
+        ) as loop,
+    ):
+        await loop.send("slow one")
+        turn = await current(loop)
+        deltas = 0
+        with trio.fail_after(30):
+            async for event in turn.events():
+                if isinstance(event, TextDelta):
+                    deltas += 1
+                    if deltas == 3:
+                        break
+        await loop.send("quick two")
+        with trio.fail_after(30):
+            await loop.idle()
+        first, second = server.requests
+        outcome = turn.outcome
+    assert outcome is not None
+    assert (outcome.status, outcome.reason) == ("cancelled", "preempted by a new message")
+    assert first.disconnected_at is not None
+    assert first.disconnected_at <= second.opened_at
+    assert second.completed
+    sent = json.dumps(second.json)
+    assert "word0 word1 word2" in sent
+    assert "[interrupted: preempted by a new message]" in sent
