@@ -36,8 +36,8 @@ def bench(session: nox.Session) -> None:
 
 @nox.session
 def fuzz(session: nox.Session) -> None:
-    """The randomized cancel test at nightly size: thousands of scenarios per store (the suite
-    runs a couple of hundred).  ``-- -x`` stops at the first failure, which names its seed."""
+    """The randomized cancel and turn-loop tests at nightly size: thousands of scenarios (the
+    suite runs a couple of hundred).  ``-- -x`` stops at the first failure, which names its seed."""
     session.install("-e", ".[dev]")
     session.run(
         "pytest",
@@ -45,6 +45,7 @@ def fuzz(session: nox.Session) -> None:
         "-p",
         "no:cacheprovider",
         "tests/test_cancel_fuzz.py",
+        "tests/test_turnloop_fuzz.py",
         *session.posargs,
         env={"TRIO_AGENTS_FUZZ": "5000", "TRIO_AGENTS_FUZZ_SQLITE": "1000"},
     )

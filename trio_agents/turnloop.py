@@ -501,6 +501,7 @@ class TurnLoop:
                 await self._follow(turn)
             else:
                 self._unfinished.pop(0)
+                self._lot.unpark_all()  # idle() may be waiting for the last one
                 await self._record_end(
                     claim.turn_id,
                     ended.status if ended is not None else "failed",
@@ -620,6 +621,14 @@ class TurnLoop:
             logger.warning("turn loop %r: its end was not stored: %s", self.id, error)
 
 
+def _only_cancelled(exc: BaseException) -> bool:
+    """Whether ``exc`` is ``trio.Cancelled``, or a group (from a nursery in the block) of
+    nothing else."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(trio.Cancelled)[1] is None
+    return isinstance(exc, trio.Cancelled)
+
+
 def _resumable(record: InvocationRecord, ended: InvocationEnded | None) -> bool:
     """Whether a turn left unfinished by an earlier opening of its loop is resumed: it still
     runs (its process died), is paused, or was cut off by a shutdown or a lost lease."""
@@ -661,11 +670,10 @@ async def open_turn_loop(
                 nursery.start_soon(loop._drive, name=f"turn loop {session_id}")
                 try:
                     yield loop
-                except trio.Cancelled:
-                    raise
                 except BaseException as exc:
-                    reason = f"the loop's block raised {type(exc).__name__}"
-                    loop.stop("immediate", reason=reason)
+                    if not _only_cancelled(exc):  # a cancel from outside is a shutdown
+                        reason = f"the loop's block raised {type(exc).__name__}"
+                        loop.stop("immediate", reason=reason)
                     raise
                 reason = "closed"
                 loop._closing = True
