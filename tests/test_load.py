@@ -14,12 +14,13 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import pytest
 import trio
 
 from trio_agents import Agent, LeaseError, Runner
+from trio_agents.events import LoopTurnStarted
 from trio_agents.models import ScriptedModel
 from trio_agents.models.scripted import ScriptedTurn
 from trio_agents.stores import SQLiteStore
@@ -123,3 +124,67 @@ async def test_500_streaming_invocations_keep_their_leases_and_end_stored(tmp_pa
 
 def str_url(path: Path) -> str:
     return f"sqlite:///{path}"
+
+
+@pytest.mark.slow
+async def test_40_turn_loops_over_two_lease_periods_lose_nothing(tmp_path: Path) -> None:
+    """40 conversations (half queue, half preempt), 4 messages each over more than two lease
+    periods, on slow writes (each turn's start is a transaction of its own: about half of the
+    store's time goes to them); a second runner keeps trying to open them (always refused).
+    Every message is claimed by exactly one turn, in order; every turn ended, stored."""
+    path = tmp_path / "loops.db"
+    loops_n, messages_n = 40, 4
+    model = ScriptedModel(
+        [ScriptedTurn(chunks=tuple(f"w{i} " for i in range(20)), delay=0.05)], repeat=True
+    )
+    agent = Agent(name="chat", model=model)
+    refused = opened = 0
+    holding: set[int] = set()  # conversations whose owner's block is running
+
+    async with SlowSQLiteStore(path) as store:
+        async with Runner(
+            store=store, lease_ttl=LEASE_TTL, owner="main", cleanup_timeout=30
+        ) as runner:
+
+            async def conversation(k: int) -> None:
+                policy: Literal["queue", "preempt"] = "queue" if k % 2 else "preempt"
+                async with runner.open_turn_loop(agent, session_id=f"s{k}", policy=policy) as loop:
+                    holding.add(k)
+                    for i in range(messages_n):
+                        await loop.send(f"message {i} of {k}")
+                        await trio.sleep(STREAM_FOR / messages_n)
+                    holding.discard(k)  # from here on the block ends and lets the lease go
+
+            async def intruder() -> None:
+                nonlocal refused, opened
+                async with Runner(store=str_url(path), owner="intruder") as other:
+                    k = 0
+                    while True:
+                        k = (k + 7) % loops_n
+                        if k in holding:
+                            try:
+                                async with other.open_turn_loop(agent, session_id=f"s{k}"):
+                                    if k in holding:  # the owner's block still runs
+                                        opened += 1
+                            except LeaseError:
+                                refused += 1
+                        await trio.sleep(0.05)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(intruder)
+                async with trio.open_nursery() as talks:
+                    for k in range(loops_n):
+                        talks.start_soon(conversation, k)
+                nursery.cancel_scope.cancel()
+
+        assert opened == 0
+        assert refused > 0
+        for k in range(loops_n):
+            events = await store.load_events(f"loop:s{k}")
+            messages = [e.seq for e in events if e.kind == "message_received"]
+            claims = [e for e in events if isinstance(e, LoopTurnStarted)]
+            assert [s for c in claims for s in c.messages] == messages, k
+            assert len(messages) == messages_n
+            for claim in claims:
+                record = await store.get_invocation(claim.turn_id)
+                assert record.status in ("completed", "cancelled"), (k, record.status)
