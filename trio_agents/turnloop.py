@@ -64,9 +64,8 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Final, Literal, Protocol, TypeAlias
+from typing import Final, Protocol
 
-import attrs
 import trio
 
 from ._exceptions import (
@@ -77,13 +76,20 @@ from ._exceptions import (
     UsageError,
 )
 from ._invocation import LEASE_MARGIN, Invocation, InvocationEnv
+from ._loop_policy import (
+    Decision,
+    Policy,
+    PolicyDecision,
+    Preempt,
+    check_grace,
+    check_policy,
+    decision,
+)
+from ._loop_stream import LoopEventStream, id_text
 from ._recorder import Recorder
-from ._stream import EventStream
 from .agents._context import AgentLike
 from .events import (
     CancelMode,
-    Event,
-    EventId,
     InvocationEnded,
     LoopOpened,
     LoopTurnEnded,
@@ -91,7 +97,6 @@ from .events import (
     MessageReceived,
     Status,
     check_cancel_mode,
-    parse_event_id,
 )
 from .stores._base import InvocationRecord, JournalWrite, Lease, Store
 
@@ -118,59 +123,6 @@ PREEMPTED: Final = "preempted by a new message"
 def loop_id(session_id: str) -> str:
     """The id a session's turn loop journals under."""
     return f"{LOOP_PREFIX}{session_id}"
-
-
-def _check_grace(_: object, __: object, grace: float | None) -> None:
-    if grace is not None and not grace >= 0:
-        raise UsageError(f"grace must be a number of seconds >= 0, got {grace!r}")
-
-
-def _check_mode(_: object, __: object, mode: object) -> None:
-    check_cancel_mode(mode)
-
-
-@attrs.frozen
-class Preempt:
-    """The policy (or a custom policy's decision) that cuts the current turn off: it is
-    cancelled with ``mode`` (``grace`` escalates a safe-point mode to ``immediate``), then the
-    next turn answers the pending messages."""
-
-    mode: CancelMode = attrs.field(default="immediate", validator=_check_mode)
-    grace: float | None = attrs.field(default=None, validator=_check_grace)
-
-
-PolicyDecision: TypeAlias = "Literal['queue', 'coalesce', 'preempt'] | Preempt"
-"""What happens to a message that arrives mid-turn."""
-
-Policy: TypeAlias = (
-    "Literal['queue', 'coalesce', 'preempt'] | Preempt"
-    " | Callable[[Invocation, MessageReceived], PolicyDecision]"
-)
-"""A loop's policy: a decision for every message, or a callable that decides each one."""
-
-_Decision: TypeAlias = "Literal['queue', 'coalesce'] | Preempt"
-
-
-def _decision(value: object, *, what: str) -> _Decision:
-    if value == "preempt":
-        return Preempt()
-    if value == "queue" or value == "coalesce":
-        return value
-    if isinstance(value, Preempt):
-        return value
-    raise UsageError(
-        f"{what} must be 'queue', 'coalesce', 'preempt', a Preempt(...) or (for a policy) a "
-        f"callable, got {value!r}"
-    )
-
-
-def check_policy(
-    policy: object,
-) -> _Decision | Callable[[Invocation, MessageReceived], object]:
-    """The policy, checked: a decision, or a callable.  Raises :class:`UsageError`."""
-    if callable(policy) and not isinstance(policy, Preempt):
-        return policy
-    return _decision(policy, what="a turn loop's policy")
 
 
 class TurnHost(Protocol):
@@ -212,7 +164,7 @@ class TurnLoop:
         *,
         session_id: str,
         user_id: str | None,
-        policy: _Decision | Callable[[Invocation, MessageReceived], object],
+        policy: Decision | Callable[[Invocation, MessageReceived], object],
     ) -> None:
         self.id = loop_id(session_id)
         self.session_id = session_id
@@ -303,7 +255,7 @@ class TurnLoop:
         """End the loop: the current turn ends per ``mode``; messages not yet answered stay
         journaled as pending.  Sync and idempotent; later calls only strengthen the mode."""
         check_cancel_mode(mode)
-        _check_grace(None, None, grace)
+        check_grace(grace)
         if self._stop is None:
             self._stop = (mode, reason or "loop stopped", grace)
         turn = self._current
@@ -351,15 +303,15 @@ class TurnLoop:
             return
         if callable(policy) and not isinstance(policy, Preempt):
             try:
-                decision = _decision(policy(turn, message), what="a policy's decision")
+                chosen: Decision = decision(policy(turn, message), what="a policy's decision")
             except Exception:  # a bad policy must not lose the message: it queues
                 logger.exception("turn loop %r: the policy failed; the message queues", self.id)
-                decision = "queue"
+                chosen = "queue"
         else:
-            decision = policy
-        self._joins[message.seq] = decision != "queue"
-        if isinstance(decision, Preempt):
-            turn.cancel(decision.mode, reason=PREEMPTED, grace=decision.grace)
+            chosen = policy
+        self._joins[message.seq] = chosen != "queue"
+        if isinstance(chosen, Preempt):
+            turn.cancel(chosen.mode, reason=PREEMPTED, grace=chosen.grace)
 
     def _batch(self) -> list[MessageReceived]:
         """The messages the next turn answers: the oldest pending one, and those after it
@@ -495,7 +447,7 @@ class TurnLoop:
                     turn_id=claim.turn_id,
                     messages=claim.messages,
                     resumed=True,
-                    after=_id_text(turn.recorder.origin),
+                    after=id_text(turn.recorder.origin),
                 )
                 self._unfinished.pop(0)
                 await self._follow(turn)
@@ -640,11 +592,6 @@ def _resumable(record: InvocationRecord, ended: InvocationEnded | None) -> bool:
     return False
 
 
-def _id_text(key: EventId) -> str:
-    seq, sub = key
-    return f"{seq}.{sub}" if sub else str(seq)
-
-
 @asynccontextmanager
 async def open_turn_loop(
     host: TurnHost,
@@ -695,112 +642,3 @@ async def open_turn_loop(
             await loop._end(reason)
     if loop._lost is not None:
         raise LeaseError(f"turn loop {session_id!r} lost its lease: {loop._lost}")
-
-
-class LoopEventStream:
-    """Every event of a turn loop after a cursor, then live: the loop's events and, after
-    each ``loop_turn_started``, that turn's events up to its ``ended`` event.
-
-    :attr:`cursor` is where a reader resumes: ``"12"`` after the loop's event 12 (or after
-    the whole turn that event 12 started), ``"12/41.3"`` after event ``41.3`` of the turn
-    event 12 started.  Made by :meth:`TurnLoop.events` and :meth:`Runner.loop_events`.
-    """
-
-    def __init__(
-        self,
-        store: Store,
-        loop_id: str,
-        after: str | int | None = None,
-        *,
-        live: Recorder | None,
-        live_turn: Callable[[str], Recorder | None],
-        poll_interval: float,
-    ) -> None:
-        self._store = store
-        self._loop_id = loop_id
-        self._live_turn = live_turn
-        self._poll_interval = poll_interval
-        marker, inner = _parse_cursor(after)
-        self._marker = marker
-        self._inner = inner  # where in the turn marker started (None: not in one)
-        self._reopen = inner is not None  # the turn's stream is made at the first read
-        self._loop = EventStream(
-            store,
-            loop_id,
-            (marker, 0),
-            live=live,
-            poll_interval=poll_interval,
-            this_run_only_ends=live is not None,
-        )
-        self._turn: EventStream | None = None
-
-    @property
-    def cursor(self) -> str:
-        if self._inner is None:
-            return str(self._marker)
-        return f"{self._marker}/{_id_text(self._inner)}"
-
-    def __aiter__(self) -> LoopEventStream:
-        return self
-
-    def _follow_turn(self, turn_id: str, after: EventId) -> None:
-        self._turn = EventStream(
-            self._store,
-            turn_id,
-            after,
-            live=self._live_turn(turn_id),
-            poll_interval=self._poll_interval,
-        )
-
-    async def __anext__(self) -> Event:
-        if self._reopen:
-            self._reopen = False
-            found = await self._store.load_events(self._loop_id, after_seq=self._marker - 1)
-            claim = found[0] if found else None
-            if not isinstance(claim, LoopTurnStarted) or claim.seq != self._marker:
-                raise UsageError(
-                    f"cursor {self.cursor!r}: event {self._marker} of turn loop "
-                    f"{self._loop_id!r} is not the start of a turn"
-                )
-            assert self._inner is not None
-            self._follow_turn(claim.turn_id, self._inner)
-        if self._turn is not None:
-            try:
-                event = await self._turn.__anext__()
-            except StopAsyncIteration:  # its run ended here without a stored end
-                event = None
-            if event is not None:
-                self._inner = (event.seq, event.sub)
-                if isinstance(event, InvocationEnded):
-                    self._turn = None
-                    self._inner = None
-                return event
-            self._turn = None
-            self._inner = None
-        event = await self._loop.__anext__()
-        self._marker = event.seq
-        self._inner = None
-        if isinstance(event, LoopTurnStarted):
-            after = parse_event_id(event.after)
-            self._inner = after
-            self._follow_turn(event.turn_id, after)
-        return event
-
-
-def _parse_cursor(value: str | int | None) -> tuple[int, EventId | None]:
-    if value is None:
-        return 0, None
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value, None
-    if isinstance(value, str):
-        marker, slash, inner = value.strip().partition("/")
-        if marker.isdigit():
-            if not slash:
-                return int(marker), None
-            try:
-                return int(marker), parse_event_id(inner)
-            except UsageError:
-                pass
-    raise UsageError(
-        f"a turn loop cursor is '12' or '12/41.3' (from LoopEventStream.cursor), got {value!r}"
-    )
