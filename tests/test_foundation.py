@@ -397,6 +397,45 @@ async def test_a_lease_that_cannot_be_renewed_stops_its_invocation_in_time(
     assert stopped_after < 30
 
 
+async def test_a_resume_numbers_its_events_from_the_head_under_its_lease(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """The owner's run ends (its terminal event stored) after another runner's resume read the
+    invocation but before it took the lease: the resumed run numbers its events above that
+    terminal event, not from what it read before."""
+    store = MemoryStore()
+    agent = waiting_agent()
+
+    class EndBeforeTheLease(Wrapped):
+        owner_run: ta.Invocation | None = None
+
+        async def acquire_lease(self, invocation_id: str, **kwargs: Any) -> Lease:
+            if self.owner_run is not None:
+                self.owner_run.cancel(reason="owner stops")
+                await self.owner_run.wait()
+            lease: Lease = await self._inner.acquire_lease(invocation_id, **kwargs)
+            return lease
+
+    other_store = EndBeforeTheLease(store)
+    async with (
+        Runner(store=store, agents=[agent], owner="first") as first,
+        Runner(store=other_store, agents=[agent], owner="second") as second,
+    ):
+        inv = await first.start(agent, "go")
+        other_store.owner_run = inv
+        resumed = await second.resume(inv.id)
+        resumed.cancel(reason="second stops")
+        outcome = await resumed.wait()
+    assert (outcome.status, outcome.reason, outcome.store_error) == (
+        "cancelled",
+        "second stops",
+        None,
+    )
+    stored = await store.read_events(inv.id)
+    assert [e.kind for e in stored if e.sub == 0] == ["started", "ended", "started", "ended"]
+    assert ids(stored) == sorted(set(ids(stored)))
+
+
 async def test_max_active_admits_at_most_that_many(autojump_clock: trio.abc.Clock) -> None:
     """start() waits for a place; the third invocation starts once one of two ended."""
     async with Runner(max_active=2) as runner:
