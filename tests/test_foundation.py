@@ -397,6 +397,27 @@ async def test_a_lease_that_cannot_be_renewed_stops_its_invocation_in_time(
     assert stopped_after < 30
 
 
+async def test_a_renewal_slower_than_its_round_does_not_cost_the_leases(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """Each renewal waits 1.2 s for the store (as it does behind a long group commit), longer
+    than a renewal round (lease_ttl / 3) but well within the lease: no invocation stops."""
+
+    class SlowRenewals(Wrapped):
+        async def renew_leases(self, leases: Sequence[Lease], *, ttl: float) -> list[Any]:
+            await trio.sleep(1.2)
+            result: list[Any] = await self._inner.renew_leases(leases, ttl=ttl)
+            return result
+
+    async with Runner(store=SlowRenewals(MemoryStore()), lease_ttl=3) as runner:
+        inv = await runner.start(waiting_agent(), "go")
+        await trio.sleep(30)
+        assert inv.is_active()
+        inv.cancel(reason="done")
+        outcome = await inv.wait()
+    assert (outcome.status, outcome.reason) == ("cancelled", "done")
+
+
 async def test_a_resume_numbers_its_events_from_the_head_under_its_lease(
     autojump_clock: trio.abc.Clock,
 ) -> None:
