@@ -373,6 +373,22 @@ async def test_two_concurrent_starts_on_one_session_give_one_session_busy(
         await again.wait()
 
 
+async def test_deltas_are_stored_within_the_flush_interval_of_an_idle_writer(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """A delta published while the writer has nothing to do is stored within
+    ``flush_interval``, not left to pile up until the next durable write."""
+    store = MemoryStore()
+    turn = ScriptedTurn(chunks=tuple(f"w{i} " for i in range(100)), delay=10.0, first_delay=0)
+    agent = Agent(name="a", model=ScriptedModel([turn]))
+    async with Runner(store=store, flush_interval=0.25) as runner:
+        inv = await runner.start(agent, "go")
+        await trio.sleep(0.5)  # the first chunk is published at once, the next at 10 s
+        stored = await store.read_events(inv.id)
+        inv.cancel()
+    assert [e.kind for e in stored if e.sub > 0] == ["text_delta"]
+
+
 # ---- leases and admission ------------------------------------------------------------------
 
 
