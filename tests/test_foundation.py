@@ -373,6 +373,22 @@ async def test_two_concurrent_starts_on_one_session_give_one_session_busy(
         await again.wait()
 
 
+async def test_deltas_are_stored_within_the_flush_interval_of_an_idle_writer(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """A delta published while the writer has nothing to do is stored within
+    ``flush_interval``, not left to pile up until the next durable write."""
+    store = MemoryStore()
+    turn = ScriptedTurn(chunks=tuple(f"w{i} " for i in range(100)), delay=10.0, first_delay=0)
+    agent = Agent(name="a", model=ScriptedModel([turn]))
+    async with Runner(store=store, flush_interval=0.25) as runner:
+        inv = await runner.start(agent, "go")
+        await trio.sleep(0.5)  # the first chunk is published at once, the next at 10 s
+        stored = await store.read_events(inv.id)
+        inv.cancel()
+    assert [e.kind for e in stored if e.sub > 0] == ["text_delta"]
+
+
 # ---- leases and admission ------------------------------------------------------------------
 
 
@@ -395,6 +411,66 @@ async def test_a_lease_that_cannot_be_renewed_stops_its_invocation_in_time(
     assert outcome.reason is not None
     assert "lease" in outcome.reason
     assert stopped_after < 30
+
+
+async def test_a_renewal_slower_than_its_round_does_not_cost_the_leases(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """Each renewal waits 1.2 s for the store (as it does behind a long group commit), longer
+    than a renewal round (lease_ttl / 3) but well within the lease: no invocation stops."""
+
+    class SlowRenewals(Wrapped):
+        async def renew_leases(self, leases: Sequence[Lease], *, ttl: float) -> list[Any]:
+            await trio.sleep(1.2)
+            result: list[Any] = await self._inner.renew_leases(leases, ttl=ttl)
+            return result
+
+    async with Runner(store=SlowRenewals(MemoryStore()), lease_ttl=3) as runner:
+        inv = await runner.start(waiting_agent(), "go")
+        await trio.sleep(30)
+        assert inv.is_active()
+        inv.cancel(reason="done")
+        outcome = await inv.wait()
+    assert (outcome.status, outcome.reason) == ("cancelled", "done")
+
+
+async def test_a_resume_numbers_its_events_from_the_head_under_its_lease(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """The owner's run ends (its terminal event stored) after another runner's resume read the
+    invocation but before it took the lease: the resumed run numbers its events above that
+    terminal event, not from what it read before."""
+    store = MemoryStore()
+    agent = waiting_agent()
+
+    class EndBeforeTheLease(Wrapped):
+        owner_run: ta.Invocation | None = None
+
+        async def acquire_lease(self, invocation_id: str, **kwargs: Any) -> Lease:
+            if self.owner_run is not None:
+                self.owner_run.cancel(reason="owner stops")
+                await self.owner_run.wait()
+            lease: Lease = await self._inner.acquire_lease(invocation_id, **kwargs)
+            return lease
+
+    other_store = EndBeforeTheLease(store)
+    async with (
+        Runner(store=store, agents=[agent], owner="first") as first,
+        Runner(store=other_store, agents=[agent], owner="second") as second,
+    ):
+        inv = await first.start(agent, "go")
+        other_store.owner_run = inv
+        resumed = await second.resume(inv.id)
+        resumed.cancel(reason="second stops")
+        outcome = await resumed.wait()
+    assert (outcome.status, outcome.reason, outcome.store_error) == (
+        "cancelled",
+        "second stops",
+        None,
+    )
+    stored = await store.read_events(inv.id)
+    assert [e.kind for e in stored if e.sub == 0] == ["started", "ended", "started", "ended"]
+    assert ids(stored) == sorted(set(ids(stored)))
 
 
 async def test_max_active_admits_at_most_that_many(autojump_clock: trio.abc.Clock) -> None:

@@ -53,7 +53,7 @@ async def test_500_streaming_invocations_keep_their_leases_and_end_stored(tmp_pa
     """Renewal and endings are batched, so slow writes do not cost a lease or an ending."""
     path = tmp_path / "load.db"
     chunk_delay = 0.05
-    chunks = int(STREAM_FOR / chunk_delay) * 4  # more than the test waits for
+    chunks = int(STREAM_FOR / chunk_delay) * 40  # far more than the test waits for
     model = ScriptedModel(
         [ScriptedTurn(chunks=tuple(f"w{i} " for i in range(chunks)), delay=chunk_delay)],
         repeat=True,

@@ -137,7 +137,6 @@ class Invocation:
         session_id: str | None,
         resumed: bool,
         exclusive: bool = True,
-        head: tuple[int, int] = (0, 0),
     ) -> None:
         self.id = invocation_id
         self.agent = agent
@@ -162,7 +161,7 @@ class Invocation:
         self._ending = False
         self._history: list[Message] = []
         self.recorder = Recorder(
-            invocation_id, writer=env.writer, head=head, log_limit=env.log_limit
+            invocation_id, writer=env.writer, head=(0, 0), log_limit=env.log_limit
         )
         self._ctx = InvocationContext(self, (), "", input)
         self._hooks: InvocationHooks | None = env.hooks.bind(self, env.store) if env.hooks else None
@@ -452,6 +451,11 @@ class Invocation:
             rec.lease = await env.store.acquire_lease(
                 self.id, owner=env.owner, ttl=env.lease_ttl, exclusive_session=self.exclusive
             )
+            # Number from the head as it is under our lease, not as resume() read it: the
+            # previous owner may have written since (its terminal event, when it stopped at
+            # its lease deadline), and from now on no one else can.
+            record = await env.store.get_invocation(self.id)
+            rec.begin_at((record.last_seq, record.last_sub))
             journal = await env.store.load_events(self.id)
             self._ctx = InvocationContext(self, journal, "", self.input)
             self._gate_tally = approvals.tally(journal)

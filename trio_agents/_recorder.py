@@ -103,11 +103,7 @@ class Recorder:
         self.invocation_id = invocation_id
         self._writer = writer
         self.lease: Lease | None = None
-        self._seq, self._sub = head[0], 0
-        self._before: EventId = (self._seq, 0)
-        self.origin: EventId = head  # where this run began: earlier ids are earlier runs'
-        self.floor: EventId = head  # every event up to here is in the store, not in the log
-        self.stored: EventId = head  # the greatest id known to be stored
+        self.begin_at(head)
         self.log: list[Event] = []
         self.log_limit = log_limit
         self._trim_at = 2 * log_limit
@@ -122,6 +118,15 @@ class Recorder:
         self.closed = False
         # Awaited after each durable event is published (the inline hooks: see .hooks).
         self.on_recorded: Callable[[Event], Awaitable[None]] | None = None
+
+    def begin_at(self, head: EventId) -> None:
+        """Number this run's events after ``head``, the store's head read under this run's
+        lease (before any event is stamped): no one else can write above it from then on."""
+        self._seq, self._sub = head[0], 0
+        self._before = (self._seq, 0)
+        self.origin = head  # where this run began: earlier ids are earlier runs'
+        self.floor = head  # every event up to here is in the store, not in the log
+        self.stored = head  # the greatest id known to be stored
 
     def path_text(self, path: str) -> PathText:
         text = self.paths.get(path)

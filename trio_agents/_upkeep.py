@@ -14,7 +14,7 @@ from typing import Protocol
 import trio
 
 from ._exceptions import LeaseError, StoreError
-from ._invocation import Invocation
+from ._invocation import LEASE_MARGIN, Invocation
 from ._recorder import Recorder
 from .stores._base import Lease, Store
 
@@ -42,9 +42,21 @@ async def renew_leases(
     """Renew the leases of all running invocations and open turn loops (``holders()``), in
     one store call, every third of ``lease_ttl``.  A lease that cannot be renewed ends its
     holder: at once when the store says another owner has it, at the lease's local deadline
-    otherwise."""
+    otherwise.
+
+    A slow answer is waited for as long as it can still move those deadlines: a renewal sent at
+    ``t`` sets them to ``t + lease_ttl * (1 - LEASE_MARGIN)``, so it is of use until then.
+    (Cutting it off sooner and sending it again would only put it back at the end of the
+    queue for the store, behind the same work, and cost every lease.)  Rounds are a third of
+    ``lease_ttl`` apart from one sending to the next, or back to back when one took longer.
+    """
+    period = lease_ttl / 3
+    useful_for = lease_ttl * (1 - LEASE_MARGIN)
+    next_round = trio.current_time() + period
     while True:
-        await trio.sleep(lease_ttl / 3)
+        await trio.sleep_until(next_round)
+        sent_at = trio.current_time()
+        next_round = sent_at + period
         held = [
             (inv, lease)
             for inv in holders()
@@ -54,8 +66,7 @@ async def renew_leases(
             continue
         invs = [inv for inv, _ in held]
         leases = [lease for _, lease in held]
-        sent_at = trio.current_time()
-        with trio.move_on_after(lease_ttl / 3) as slow:
+        with trio.move_on_at(sent_at + useful_for) as slow:
             try:
                 results = await store.renew_leases(leases, ttl=lease_ttl)
             except StoreError as exc:  # try again next round
@@ -65,7 +76,7 @@ async def renew_leases(
             logger.warning(
                 "could not renew %d leases: the store took longer than %.1fs; trying again",
                 len(leases),
-                lease_ttl / 3,
+                useful_for,
             )
             continue
         for inv, result in zip(invs, results, strict=True):

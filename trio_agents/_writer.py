@@ -98,6 +98,8 @@ class JournalWriter:
         self._queue: deque[_Slot] = deque()
         self._dirty: dict[DeltaSource, None] = {}  # insertion-ordered set
         self._wake = trio.Event()
+        self._asleep = False  # the task waits with no deadline: nothing queued, nothing dirty
+        self._urgent = False  # deltas asked to be flushed at once
         self._committing = False  # a commit is in flight (the task's, or a caller's own)
         self._idle = trio.lowlevel.ParkingLot()  # woken when a commit ends
         self.commits = 0  # statistics: transactions made
@@ -167,8 +169,12 @@ class JournalWriter:
 
     def mark_dirty(self, source: DeltaSource, *, urgent: bool = False) -> None:
         """``source`` has deltas to store: at the next commit, or within ``flush_interval``."""
+        first = not self._dirty
         self._dirty[source] = None
         if urgent:
+            self._urgent = True
+            self._wake.set()
+        elif first and self._asleep:  # start the flush_interval clock (see serve)
             self._wake.set()
 
     # ---- the task ---------------------------------------------------------------------------
@@ -178,10 +184,18 @@ class JournalWriter:
         with trio.CancelScope(shield=True) as scope:
             task_status.started(scope)
             while True:
-                if not self._queue:  # wait for a write, or for deltas to come due
-                    with trio.move_on_after(self.flush_interval if self._dirty else math.inf):
+                if not self._queue and not self._dirty:  # wait for a write, or the first deltas
+                    self._asleep = True
+                    try:
+                        await self._wake.wait()
+                    finally:
+                        self._asleep = False
+                    self._wake = trio.Event()
+                if not self._queue and not self._urgent:  # deltas only: let them come due
+                    with trio.move_on_after(self.flush_interval):
                         await self._wake.wait()
                 self._wake = trio.Event()
+                self._urgent = False
                 while self._committing:  # a caller is committing its own write
                     await self._idle.park()
                 self._committing = True

@@ -408,7 +408,6 @@ class Runner:
             session_id=record.session_id,
             resumed=True,
             exclusive=exclusive,
-            head=(record.last_seq, record.last_sub),
         )
         await self._launch(nursery, inv)
         return inv
