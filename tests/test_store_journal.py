@@ -31,7 +31,7 @@ from trio_agents import (
     UsageError,
 )
 from trio_agents import events as ev
-from trio_agents.events import Event, EventId, InvocationEnded, TextDelta, TurnFinished
+from trio_agents.events import Event, EventId, InvocationEnded, Status, TextDelta, TurnFinished
 from trio_agents.messages import AssistantMessage, UserMessage
 from trio_agents.stores import (
     ApprovalDecision,
@@ -80,8 +80,8 @@ def deltas(invocation_id: str, seq: int, subs: range) -> tuple[Event, ...]:
     return tuple(delta(invocation_id, seq, sub) for sub in subs)
 
 
-def end(invocation_id: str, seq: int) -> Event:
-    return InvocationEnded(invocation_id=invocation_id, seq=seq, at=2000.0, status="completed")
+def end(invocation_id: str, seq: int, status: Status = "completed") -> Event:
+    return InvocationEnded(invocation_id=invocation_id, seq=seq, at=2000.0, status=status)
 
 
 def ids(events: list[Event]) -> list[EventId]:
@@ -516,17 +516,17 @@ async def test_a_running_invocation_holds_its_session(case: StoreCase) -> None:
             await s.get_invocation("i2")
         assert (await s.get_session("s1")).last_seq == 0
         await s.create_invocation(record("i2", session_id="s1"), ttl=30, exclusive_session=False)
-        await s.append_events(first, [end("i1", 1)])
+        await s.append_events(first, [end("i1", 1, "cancelled")])  # completed ones stay ended
         await s.append_events(await s.acquire_lease("i2", owner="a", ttl=30), [end("i2", 1)])
         third = await s.create_invocation(record("i3", session_id="s1"), ttl=30)
         assert third.epoch == 1
         # i1 resuming while i3 runs: busy; after i3's lease expires: allowed.
         with pytest.raises(SessionBusy, match="'i3'"):
             await s.acquire_lease("i1", owner="b", ttl=30)
-        assert (await s.get_invocation("i1")).status == "completed"
+        assert (await s.get_invocation("i1")).status == "cancelled"
         await s.append_events(
             await s.acquire_lease("i1", owner="b", ttl=30, exclusive_session=False),
-            [end("i1", 2)],
+            [end("i1", 2, "cancelled")],
         )
         clock.advance(31)  # i3's lease expired: its owner is gone
         resumed = await s.acquire_lease("i1", owner="c", ttl=30)

@@ -295,6 +295,20 @@ async def test_ended_event_sets_status_and_releases_the_lease(case: StoreCase) -
         assert (await s.get_invocation("i1")).status == "running"
 
 
+async def test_a_completed_invocation_cannot_be_taken_again(case: StoreCase) -> None:
+    """A resume that read 'running' just before the run completed must not revive it: the
+    store refuses the lease of a completed invocation, in the same transaction."""
+    with trio.fail_after(10):
+        s = case.store
+        lease = await s.create_invocation(record("i1", owner="a"), ttl=30)
+        await s.append_events(lease, [end("i1", 1, "completed")])
+        async with case.twin() as other:
+            with pytest.raises(UsageError, match="completed already"):
+                await other.acquire_lease("i1", owner="b", ttl=30)
+        got = await s.get_invocation("i1")
+        assert (got.status, got.owner, got.lease_epoch) == ("completed", None, 1)
+
+
 # ---- cancel requests ------------------------------------------------------------------------
 
 
@@ -584,9 +598,8 @@ async def test_v1_journal_and_session_load(case: StoreCase) -> None:
         assert session.entries == tuple(entries)
         got = await s.get_invocation("inv-v1")
         assert (got.status, got.owner, got.last_seq) == ("completed", None, 7)
-        resumed = await s.acquire_lease("inv-v1", owner="b", ttl=30)  # and the journal goes on
-        await s.append_events(resumed, [turn("inv-v1", 8)])
-        assert await seqs(s, "inv-v1", after_seq=6) == [7, 8]
+        with pytest.raises(UsageError, match="completed already"):  # completed is final
+            await s.acquire_lease("inv-v1", owner="b", ttl=30)
         assert lease.epoch == 1
 
 
@@ -612,10 +625,11 @@ async def test_v1_sqlite_file_opens_and_reads(tmp_path: Path) -> None:
             assert dict(session.state) == {"lang": "en", "topic": "trio", "answered": True}
             assert [e.author for e in session.entries] == ["user", "ops"]
             assert await s._execute("SELECT version FROM schema_version") == [(len(MIGRATIONS),)]
-            lease = await s.acquire_lease("inv-v1", owner="new", ttl=30)
-            assert lease.epoch == 2
-            await s.append_events(lease, [turn("inv-v1", 8)])
-            assert await seqs(s, "inv-v1", after_seq=6) == [7, 8]
+            with pytest.raises(UsageError, match="completed already"):  # completed is final
+                await s.acquire_lease("inv-v1", owner="new", ttl=30)
+            lease = await s.create_invocation(record("inv-new", owner="new"), ttl=30)
+            await s.append_events(lease, [turn("inv-new", 1)])  # and it takes new writes
+            assert await seqs(s, "inv-new") == [1]
         assert hashlib.sha256(original.read_bytes()).hexdigest() == digest
 
 

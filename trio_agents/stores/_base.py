@@ -300,7 +300,9 @@ class Store(Protocol):
         """Take the invocation for ``owner`` and mark it running again; clear its cancel request.
 
         Allowed when the invocation is not running, or its lease has expired, or ``owner``
-        holds it already.  Otherwise raises :class:`~trio_agents.LeaseError` naming the owner
+        holds it already; never when it ``completed`` (:class:`~trio_agents.UsageError`, checked
+        in the same transaction, so a run that completes meanwhile is not set running again).
+        Otherwise raises :class:`~trio_agents.LeaseError` naming the owner
         and when its lease expires.  The new lease's epoch is the old one plus one.  With
         ``exclusive_session``, raises :class:`~trio_agents.SessionBusy` while *another*
         invocation of its session is running with an unexpired lease.

@@ -233,6 +233,8 @@ def acquire_lease(
     now = tx.now()
     if record.status == "running" and record.owner != owner and record.lease_expires_at > now:
         raise lease_held(invocation_id, record.owner, record.lease_expires_at, now)
+    if record.status == "completed":  # checked here, under the lock: a race cannot revive it
+        raise UsageError(f"invocation {invocation_id!r} completed already; nothing to resume")
     if record.session_id is not None:
         claim_session(
             tx,

@@ -182,6 +182,8 @@ class MemoryStore:
         now = self._clock()
         if record.status == "running" and record.owner != owner and record.lease_expires_at > now:
             raise lease_held(invocation_id, record.owner, record.lease_expires_at, now)
+        if record.status == "completed":  # checked here, under the lock: a race cannot revive it
+            raise UsageError(f"invocation {invocation_id!r} completed already; nothing to resume")
         if record.session_id is not None:
             if exclusive_session:
                 self._busy_check(record.session_id, invocation_id, now)
