@@ -764,3 +764,24 @@ async def test_preempt_immediate_over_http(wire: Wire) -> None:
     sent = json.dumps(second.json)
     assert "word0 word1 word2" in sent
     assert "[interrupted: preempted by a new message]" in sent
+
+
+async def test_request_cancel_stops_a_loop_open_in_another_runner(autojump_clock: Any) -> None:
+    store = ta.stores.MemoryStore(clock=trio.current_time)
+    bot = Bot()
+    async with (
+        Runner(store, owner="a", cancel_poll_interval=0.5) as owner,
+        Runner(store, owner="b") as other,
+    ):
+        async with owner.open_turn_loop(bot.agent(), session_id="s1") as loop:
+            await loop.send("slow one")
+            await reach("mid_stream", loop)
+            await loop.send("quick two")
+            assert await other.request_cancel(LOOP, reason="closed by support")
+            with trio.fail_after(5):
+                await loop.idle()
+            with pytest.raises(ta.UsageError, match="stopped"):
+                await loop.send("more")
+        events = await journal(store)
+        assert terminal_events(events)[-1].reason == "stopped: closed by support; 1 message pending"
+        assert not await other.request_cancel(LOOP)  # closed: nothing to stop

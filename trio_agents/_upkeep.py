@@ -16,6 +16,7 @@ import trio
 from ._exceptions import LeaseError, StoreError
 from ._invocation import LEASE_MARGIN, Invocation
 from ._recorder import Recorder
+from .events import CancelMode
 from .stores._base import Lease, Store
 
 __all__ = ["Leaseholder", "renew_leases", "watch_requests"]
@@ -34,6 +35,12 @@ class Leaseholder(Protocol):
     def _lease_renewed(self, lease: Lease, sent_at: float) -> None: ...
 
     def _lease_lost(self, reason: str) -> None: ...
+
+
+class Stoppable(Protocol):
+    """A turn loop, as the watcher stops it."""
+
+    def stop(self, mode: CancelMode = ..., *, reason: str | None = ...) -> None: ...
 
 
 async def renew_leases(
@@ -87,16 +94,21 @@ async def renew_leases(
 
 
 async def watch_requests(
-    store: Store, active: Mapping[str, Invocation], poll_interval: float
+    store: Store,
+    active: Mapping[str, Invocation],
+    poll_interval: float,
+    loops: Mapping[str, Stoppable] | None = None,
 ) -> None:
     """Apply the cancel requests and approval decisions that other processes persisted for
-    invocations running here: one store call each per wake, for all of them."""
+    invocations running here (and the cancel requests for the turn loops open here, which
+    stop them): one store call each per wake, for all of them."""
+    loops = loops if loops is not None else {}
     while True:
         try:
             await store.wait_for_requests(timeout=poll_interval)
-            if not active:
+            if not active and not loops:
                 continue
-            requests = await store.cancel_requests(list(active))
+            requests = await store.cancel_requests([*active, *loops])
             parked = [i for i, inv in active.items() if inv._is_parked()]
             decisions = await store.decisions_for(parked) if parked else []
         except StoreError as exc:  # the store is down: keep running, ask again later
@@ -107,6 +119,8 @@ async def watch_requests(
             inv = active.get(request.invocation_id)
             if inv is not None:
                 inv.cancel(request.mode, reason=request.reason, by=request.requested_by)
+            elif (loop := loops.get(request.invocation_id)) is not None:
+                loop.stop(request.mode, reason=request.reason)
         for decision in decisions:
             inv = active.get(decision.invocation_id)
             if inv is not None:

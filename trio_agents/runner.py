@@ -230,7 +230,9 @@ class Runner:
             system = await stack.enter_async_context(trio.open_nursery())
             writer_scope = await system.start(writer.serve)
             system.start_soon(renew_leases, store, self._leaseholders, self.lease_ttl)
-            system.start_soon(watch_requests, store, self._active, self.cancel_poll_interval)
+            system.start_soon(
+                watch_requests, store, self._active, self.cancel_poll_interval, self._loops
+            )
             # Exits run in reverse: the invocations' nursery is left first (waiting for them),
             # then the writer (shielded: it stores their endings) and the background tasks are
             # cancelled, then the store is closed.
@@ -555,7 +557,8 @@ class Runner:
         by: str | None = None,
     ) -> bool:
         """Cancel an invocation wherever it runs: here at once, elsewhere through the store,
-        and a ``paused`` one right here (whatever ``mode``).
+        and a ``paused`` one right here (whatever ``mode``).  For a turn loop's id
+        (``"loop:<session>"``) it stops the loop (:meth:`TurnLoop.stop`) wherever it is open.
 
         The owning runner (any process sharing the store) picks the request up and records
         ``reason`` and ``by`` in the outcome; its open gates end ``cancelled``.  A paused
@@ -570,11 +573,16 @@ class Runner:
         inv = self._active.get(invocation_id)
         if inv is not None:
             return inv.cancel(mode, reason=reason, by=by)
+        if (loop := self._loops.get(invocation_id)) is not None:  # "loop:<session>": stop it
+            loop.stop(mode, reason=reason)
+            return True
         request = CancelRequest(
             invocation_id=invocation_id, mode=mode, reason=reason, requested_by=by
         )
         if await self.store.request_cancel(request):
             return True
+        if invocation_id.startswith(LOOP_PREFIX):  # a closed loop: nothing to stop
+            return False
         try:
             record = await self.store.get_invocation(invocation_id)
         except InvocationNotFound:
