@@ -39,6 +39,12 @@ EXPECTED = {
         for store in ("memory", "sqlite")
     ],
     "journal": [r"sqlite +\d+ writes/s \| resume of a 40-turn journal +[\d.]+ ms"],
+    "parked": [
+        r"memory per parked invocation: [\d.]+ KiB Python \(RSS -?[\d.]+ KiB\)",
+        r"start: [\d.]+ s \([\d.]+ us/start\)",
+        r"teardown: cancel_all until every wait\(\) returned [\d.]+ ms",
+        r"watcher: cancel_requests 1, decisions_for 1 store calls/wake",
+    ],
 }
 
 
