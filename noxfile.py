@@ -30,7 +30,15 @@ def bench(session: nox.Session) -> None:
     """Speed and memory benchmarks; prints the figures the README quotes (``-- --quick``: a
     smoke run of each)."""
     session.install("-e", ".[dev]")
-    for script in ("cancel_latency", "overhead", "memory", "journal", "flat_costs", "turnloop"):
+    for script in (
+        "cancel_latency",
+        "overhead",
+        "memory",
+        "journal",
+        "flat_costs",
+        "turnloop",
+        "parked",
+    ):
         session.run("python", "-m", f"benchmarks.{script}", *session.posargs)
 
 

@@ -43,6 +43,12 @@ EXPECTED = {
         r"bare cancel floor: p50 [\d.]+ p99 [\d.]+ ms \(\d+ cancels\)",
         r"loop.send\(\) -> old stream's disconnect: p50 [\d.]+ p99 [\d.]+ ms \(\d+ preemptions\)",
     ],
+    "parked": [
+        r"memory per parked invocation: [\d.]+ KiB Python \(RSS -?[\d.]+ KiB\)",
+        r"start: [\d.]+ s \([\d.]+ us/start\)",
+        r"teardown: cancel_all until every wait\(\) returned [\d.]+ ms",
+        r"watcher: cancel_requests 1, decisions_for 1 store calls/wake",
+    ],
 }
 
 

@@ -111,7 +111,7 @@ class Recorder:
         self._held: list[Event] | None = None  # stamped while a durable write is in flight
         self._uncertain = False  # a write's fate is unknown: ids are never given back
         self._lock: trio.Lock | None = None  # made by the first durable write
-        self._lot = trio.lowlevel.ParkingLot()
+        self._lot: trio.lowlevel.ParkingLot | None = None  # made by the first reader's wait()
         self._readers = 0  # parked in wait(): publishing wakes them only when there are any
         self.paths: dict[str, PathText] = {}
         self.store_error: str | None = None
@@ -144,6 +144,8 @@ class Recorder:
 
     async def wait(self) -> None:
         """Park until the next event is published (or the log is closed)."""
+        if self._lot is None:
+            self._lot = trio.lowlevel.ParkingLot()
         self._readers += 1
         try:
             await self._lot.park()
@@ -201,6 +203,10 @@ class Recorder:
         if len(log) > self._trim_at:
             self._trim()
         if self._readers:
+            self._wake_readers()
+
+    def _wake_readers(self) -> None:
+        if self._lot is not None:
             self._lot.unpark_all()
 
     def _publish(self, event: Event) -> None:
@@ -209,7 +215,7 @@ class Recorder:
         if len(log) > self._trim_at:
             self._trim()
         if self._readers:
-            self._lot.unpark_all()
+            self._wake_readers()
 
     def _trim(self) -> None:
         log = self.log
@@ -280,6 +286,11 @@ class Recorder:
         async with self._write_lock():
             event = self.stamp_durable(cls, **fields)
             await self._write(event, None, deadline=float("inf"))
+        lock = self._lock
+        if lock is not None and not lock.locked():
+            # Idle (a release with waiters hands the lock on, so it would still be held): let
+            # it go, so an invocation parked between writes keeps no lock.
+            self._lock = None
         if self.on_recorded is not None:
             await self.on_recorded(event)
         return event
@@ -319,7 +330,7 @@ class Recorder:
                 event = self.stamp_ephemeral(InvocationEnded, checkpoint_id=None, **fields)
                 self._publish(event)
             self.closed = True
-            self._lot.unpark_all()
+            self._wake_readers()
             return event, error
 
     async def _write(

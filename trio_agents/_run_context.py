@@ -9,7 +9,7 @@ turn) lives in its own :class:`~._recorder.PathText`, so parallel branches never
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol
 
@@ -166,10 +166,11 @@ class InvocationContext:
         self._text.last = output
         self._text.finished = event.seq
 
-    async def await_approvals(
+    # Not itself a coroutine: it hands over approvals' own, one frame less per parked call.
+    def await_approvals(
         self, turn: int, calls: Sequence[ToolCall], specs: Mapping[str, GateSpec] = {}
-    ) -> Mapping[str, ApprovalAnswer]:
-        return await approvals.await_approvals(self, self.journal, self.path, turn, calls, specs)
+    ) -> Coroutine[Any, Any, Mapping[str, ApprovalAnswer]]:
+        return approvals.await_approvals(self, self.journal, self.path, turn, calls, specs)
 
     async def await_result(
         self, turn: int, call: ToolCall, handle: ToolResult | None, spec: GateSpec

@@ -166,7 +166,7 @@ class Gates:
 
     def __init__(self) -> None:
         self.waiting: dict[str, ApprovalDecision | None] = {}
-        self.scopes: set[trio.CancelScope] = set()
+        self.scopes: list[trio.CancelScope] = []  # a list: smaller than a set
         self.lot = trio.lowlevel.ParkingLot()
         self.pausing = False
         self.paused: list[str] = []  # every gate still open when the first wait paused
@@ -223,7 +223,7 @@ class Gates:
             with trio.CancelScope() as scope:
                 if timeout is not None:
                     scope.deadline = trio.current_time() + timeout
-                self.scopes.add(scope)
+                self.scopes.append(scope)
                 if stopping() or self.pausing:
                     scope.cancel()
                 try:
@@ -234,10 +234,14 @@ class Gates:
                                 if waiting.get(decision.approval_id, decision) is None:
                                     waiting[decision.approval_id] = decision
                             continue
-                        with trio.move_on_at(min(deadlines[g] for g in open_)):
+                        at = min(deadlines[g] for g in open_)
+                        if at == math.inf:  # no deadline: no scope (one less per parked call)
                             await self.lot.park()
+                        else:
+                            with trio.move_on_at(at):
+                                await self.lot.park()
                 finally:
-                    self.scopes.discard(scope)
+                    self.scopes.remove(scope)
             missing = [g for g in pending if waiting[g] is None]
             if missing:
                 if stopping():

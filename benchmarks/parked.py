@@ -1,0 +1,272 @@
+"""100,000 invocations parked on hot approval gates in one process: memory, start, teardown,
+and the watcher's store calls (issue 10's scale target).
+
+Each invocation runs one agent (shared) whose ``ScriptedModel`` calls a
+``@tool(requires_approval=True)`` tool on its first turn, so it journals
+``approval_requested`` and parks on its gate (a hot wait: a task, no thread, no connection),
+with the memory store.  The runner's watcher wakes every ``POLL`` seconds.  Figures:
+
+* memory per parked invocation - taken like :mod:`benchmarks.memory`, each in a fresh
+  process of its own, after a warm-up invocation ran (imports, the agent's model opened,
+  caches): RSS grown from before the first start until all are parked, divided by ``n``, in a
+  process without ``tracemalloc`` (its bookkeeping would count); and, in another process, the
+  Python memory ``tracemalloc`` traces over the same span.  The list of ``Invocation``
+  handles the benchmark keeps is counted (a caller holds them too).
+* start - ``await runner.start(...)`` of all ``n``, one after another in one task (each
+  returns once its record and ``started`` event are stored), and per start; then parked -
+  until the last one journaled ``approval_requested`` and every task was blocked.
+* teardown - from ``runner.cancel_all()`` until every ``wait()`` returned.  Each invocation
+  has a waiter task (``await inv.wait()``, then a counter; the last one sets an event),
+  started after the memory was measured and before the clock starts: what a server with one
+  waiter per request would see.  Every outcome must be ``cancelled`` with the benchmark's
+  reason, its gate ``cancelled``.  Then close - leaving the runner's block.
+* watcher - the store (a counting wrapper: a counter per method, no per-call record) is
+  asked, between two consecutive ``wait_for_requests``, ``cancel_requests`` and
+  ``decisions_for`` once each, each for all ``n`` ids: one query per wake, not one per parked
+  invocation.  Shown with the wake's time (the watcher also scans its registry in Python).
+
+``--top K`` also prints the ``K`` largest ``tracemalloc`` entries (by line) per parked
+invocation.  Exits 1 if the watcher's calls per wake are not constant or do not cover all.
+
+Run: ``python -m benchmarks.parked`` (``--n N``, default 100,000; ``--quick``: 200).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+import tracemalloc
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import trio
+import trio.testing
+
+import trio_agents as ta
+from benchmarks._common import machine
+from benchmarks.flat_costs import parking_agent
+from trio_agents.stores import MemoryStore, Store
+
+POLL = 0.2  # the watcher wakes five times a second
+WATCHED = 1.0  # seconds all are parked while the watcher is counted
+WATCH_READS = ("cancel_requests", "decisions_for", "decisions")
+END = "end of benchmark"
+
+
+class CountingStore:
+    """Delegates to ``inner``; counts each async method's calls and the largest batch (the
+    length of a sequence first argument).  O(1) memory, whatever the number of calls."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.calls: Counter[str] = Counter()
+        self.batch: dict[str, int] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if not callable(attr) or name.startswith("_"):
+            return attr
+        calls, batch = self.calls, self.batch
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            calls[name] += 1
+            if args and isinstance(args[0], Sequence) and not isinstance(args[0], str):
+                batch[name] = max(batch.get(name, 0), len(args[0]))
+            return await attr(*args, **kwargs)
+
+        return counted
+
+
+def rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def snapshot() -> tuple[int, int]:
+    gc.collect()
+    traced = tracemalloc.get_traced_memory()[0] if tracemalloc.is_tracing() else 0
+    return traced, rss()
+
+
+async def floor(n: int) -> float:
+    """Bare trio, for scale: ``n`` tasks, each parked in a cancel scope of its own; seconds
+    from cancelling every scope until the last task exited."""
+    count = 0
+    done = trio.Event()
+
+    async def parked(scope: trio.CancelScope, lot: trio.lowlevel.ParkingLot) -> None:
+        nonlocal count
+        with scope:
+            await lot.park()
+        count += 1
+        if count == n:
+            done.set()
+
+    scopes = [trio.CancelScope() for _ in range(n)]
+    async with trio.open_nursery() as nursery:
+        for scope in scopes:
+            nursery.start_soon(parked, scope, trio.lowlevel.ParkingLot())
+        await trio.testing.wait_all_tasks_blocked(0.01)
+        begun = time.perf_counter()
+        for scope in scopes:
+            scope.cancel()
+        await done.wait()
+        return time.perf_counter() - begun
+
+
+async def measure(n: int, top: int) -> dict[str, Any]:
+    proxy = CountingStore(MemoryStore())
+    agent = parking_agent()
+    out: dict[str, Any] = {}
+    async with ta.Runner(store=proxy, cancel_poll_interval=POLL) as runner:
+        warm = await runner.start(agent, "warm up")  # imports, the model opened, caches
+        await trio.testing.wait_all_tasks_blocked(0.01)
+        runner.cancel_all(reason="warm-up")
+        await warm.wait()
+        del warm
+        before = snapshot()
+        base = tracemalloc.take_snapshot() if top else None
+        begun = time.perf_counter()
+        invocations = [await runner.start(agent, "ship it") for _ in range(n)]
+        out["start_s"] = time.perf_counter() - begun
+        for inv in invocations:  # each one parks right after this event is stored
+            async for event in inv.events():
+                if event.kind == "approval_requested":
+                    break
+        await trio.testing.wait_all_tasks_blocked(0.01)
+        out["parked_s"] = time.perf_counter() - begun
+        assert all(inv._is_parked() for inv in invocations), "an invocation did not park"
+        after = snapshot()
+        out["py"], out["rss"] = after[0] - before[0], after[1] - before[1]
+        if base is not None:
+            stats = tracemalloc.take_snapshot().compare_to(base, "lineno")
+            out["top"] = [(str(s.traceback), s.size_diff, s.count_diff) for s in stats[:top]]
+
+        # The watcher, while all are parked: store calls between consecutive waits.
+        wakes_before = proxy.calls["wait_for_requests"]
+        reads_before = {m: proxy.calls[m] for m in WATCH_READS}
+        others_before = sum(proxy.calls.values())
+        t0 = time.perf_counter()
+        await trio.sleep(WATCHED)
+        wakes = proxy.calls["wait_for_requests"] - wakes_before
+        out["wakes"] = wakes
+        out["wake_s"] = (time.perf_counter() - t0) / max(wakes, 1)
+        out["per_wake"] = {
+            m: (proxy.calls[m] - reads_before[m]) / max(wakes, 1) for m in WATCH_READS
+        }
+        out["calls_watched"] = sum(proxy.calls.values()) - others_before
+        out["batch"] = {m: proxy.batch.get(m, 0) for m in WATCH_READS}
+
+        count = 0
+        all_done = trio.Event()
+        outcomes: Counter[tuple[str, str | None, str]] = Counter()
+
+        async def waiter(inv: ta.Invocation) -> None:
+            nonlocal count
+            o = await inv.wait()
+            outcomes[(o.status, o.reason, ",".join(sorted(set(o.gates.values()))))] += 1
+            count += 1
+            if count == n:
+                all_done.set()
+
+        async with trio.open_nursery() as nursery:
+            for inv in invocations:
+                nursery.start_soon(waiter, inv)
+            await trio.testing.wait_all_tasks_blocked(0.01)
+            calls_before = proxy.calls.copy()
+            begun = time.perf_counter()
+            runner.cancel_all(reason=END)
+            await all_done.wait()
+            out["teardown_s"] = time.perf_counter() - begun
+        out["teardown_calls"] = dict(proxy.calls - calls_before)
+        out["endings"] = [[*k, v] for k, v in outcomes.items()]
+        del invocations
+        begun = time.perf_counter()
+    out["close_s"] = time.perf_counter() - begun
+    return out
+
+
+def child(n: int, trace: bool, top: int, bare: bool) -> None:
+    """One measurement in this (fresh) process; prints its figures as JSON."""
+    if bare:
+        print(json.dumps({"floor_s": trio.run(floor, n)}))
+        return
+    if trace:
+        tracemalloc.start()
+    print(json.dumps(trio.run(measure, n, top if trace else 0)))
+
+
+def run_child(n: int, trace: bool, top: int, bare: bool = False) -> dict[str, Any]:
+    command = [sys.executable, "-m", "benchmarks.parked", "--n", str(n), "--child"]
+    command += ["--trace", "--top", str(top)] if trace else []
+    command += ["--bare"] if bare else []
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n", type=int, default=100_000)
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 200 invocations")
+    parser.add_argument("--top", type=int, default=0, help="print the K largest memory entries")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--trace", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    n = 200 if args.quick else args.n
+    if args.child:
+        child(n, args.trace, args.top, args.bare)
+        return 0
+    r = run_child(n, False, 0)  # RSS and every time: no tracemalloc
+    t = run_child(n, True, args.top)  # Python memory
+    bare = run_child(n, False, 0, bare=True)
+    print(f"parked: {n} invocations on hot approval gates, memory store ({machine()})")
+    print(
+        f"  memory per parked invocation: {t['py'] / n / 1024:.2f} KiB Python"
+        f" (RSS {r['rss'] / n / 1024:.2f} KiB)"
+    )
+    print(
+        f"  start: {r['start_s']:.2f} s ({r['start_s'] / n * 1e6:.0f} us/start)"
+        f" | all parked after {r['parked_s']:.2f} s"
+    )
+    print(
+        f"  teardown: cancel_all until every wait() returned {r['teardown_s'] * 1000:.0f} ms"
+        f" ({r['teardown_s'] / n * 1e6:.1f} us/inv) | runner closed in"
+        f" {r['close_s'] * 1000:.0f} ms | bare trio floor {bare['floor_s'] * 1000:.0f} ms"
+    )
+    calls = ", ".join(f"{m} {v:g}" for m, v in r["per_wake"].items() if v)
+    batches = ", ".join(f"{m} {v}" for m, v in r["batch"].items() if v)
+    print(
+        f"  watcher: {calls} store calls/wake ({r['wakes']} wakes in {WATCHED:g} s,"
+        f" {r['wake_s'] * 1000:.1f} ms apart) | ids per call: {batches}"
+        f" | store calls in the window: {r['calls_watched']}"
+    )
+    print(
+        "  teardown store calls: "
+        + ", ".join(f"{m} x{k}" for m, k in sorted(r["teardown_calls"].items()))
+    )
+    print("  (memory, RSS and times each from a fresh process; RSS without tracemalloc)")
+    for where, size, count in t.get("top", []):
+        print(f"    {size / n:8.0f} B/inv {count / n:6.2f} blocks/inv  {where}")
+    found = []
+    if r["per_wake"]["cancel_requests"] != 1 or r["per_wake"]["decisions_for"] != 1:
+        found.append(f"watcher calls per wake: {r['per_wake']}")
+    if r["batch"]["cancel_requests"] != n or r["batch"]["decisions_for"] != n:
+        found.append(f"a watcher call did not cover all {n}: {r['batch']}")
+    expected = [["cancelled", END, "cancelled", n]]
+    if r["endings"] != expected:
+        found.append(f"outcomes (status, reason, gate states, count): {r['endings']}")
+    for problem in found:
+        print(f"REGRESSION: {problem}", file=sys.stderr)
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
