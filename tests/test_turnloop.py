@@ -231,8 +231,7 @@ async def test_policy_at_each_moment(policy: str, moment: str, autojump_clock: A
             # The gate ended cancelled, and the model is told so.
             assert list(ends[0].gates.values()) == ["cancelled"]
             assert said.text == (
-                "[interrupted: preempted by a new message; "
-                "the approval of deploy was cancelled]"
+                "[interrupted: preempted by a new message; the approval of deploy was cancelled]"
             )
     if moment == "during_tool":
         assert bot.work_started == 1
