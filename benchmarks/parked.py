@@ -19,7 +19,8 @@ with the memory store.  The runner's watcher wakes every ``POLL`` seconds.  Figu
   has a waiter task (``await inv.wait()``, then a counter; the last one sets an event),
   started after the memory was measured and before the clock starts: what a server with one
   waiter per request would see.  Every outcome must be ``cancelled`` with the benchmark's
-  reason, its gate ``cancelled``.  Then close - leaving the runner's block.
+  reason, its gate ``cancelled``, its ending stored (no ``store_error``).  Then close -
+  leaving the runner's block.
 * watcher - the store (a counting wrapper: a counter per method, no per-call record) is
   asked, between two consecutive ``wait_for_requests``, ``cancel_requests`` and
   ``decisions_for`` once each, each for all ``n`` ids: one query per wake, not one per parked
@@ -165,12 +166,13 @@ async def measure(n: int, top: int) -> dict[str, Any]:
 
         count = 0
         all_done = trio.Event()
-        outcomes: Counter[tuple[str, str | None, str]] = Counter()
+        outcomes: Counter[tuple[str, str | None, str, bool]] = Counter()
 
         async def waiter(inv: ta.Invocation) -> None:
             nonlocal count
             o = await inv.wait()
-            outcomes[(o.status, o.reason, ",".join(sorted(set(o.gates.values()))))] += 1
+            gates = ",".join(sorted(set(o.gates.values())))
+            outcomes[(o.status, o.reason, gates, o.store_error is not None)] += 1
             count += 1
             if count == n:
                 all_done.set()
@@ -206,7 +208,9 @@ def run_child(n: int, trace: bool, top: int, bare: bool = False) -> dict[str, An
     command = [sys.executable, "-m", "benchmarks.parked", "--n", str(n), "--child"]
     command += ["--trace", "--top", str(top)] if trace else []
     command += ["--bare"] if bare else []
-    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(command[1:])} failed:\n{done.stderr}")
     result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
     return result
 
@@ -260,9 +264,9 @@ def main() -> int:
         found.append(f"watcher calls per wake: {r['per_wake']}")
     if r["batch"]["cancel_requests"] != n or r["batch"]["decisions_for"] != n:
         found.append(f"a watcher call did not cover all {n}: {r['batch']}")
-    expected = [["cancelled", END, "cancelled", n]]
+    expected = [["cancelled", END, "cancelled", False, n]]
     if r["endings"] != expected:
-        found.append(f"outcomes (status, reason, gate states, count): {r['endings']}")
+        found.append(f"outcomes (status, reason, gates, store error, count): {r['endings']}")
     for problem in found:
         print(f"REGRESSION: {problem}", file=sys.stderr)
     return 1 if found else 0
