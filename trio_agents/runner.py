@@ -291,7 +291,7 @@ class Runner:
         :class:`~trio_agents.StoreError` if the store cannot record it (nothing is left
         behind).
         """
-        nursery, env = self._check_open()
+        nursery, _ = self._check_open()
         if not callable(getattr(agent, "run", None)) or not isinstance(
             getattr(agent, "name", None), str
         ):
@@ -304,6 +304,30 @@ class Runner:
         if invocation_id in self._active:
             raise UsageError(f"invocation {invocation_id!r} is already running in this runner")
         self._agents[agent.name] = agent
+        return await self._start_in(
+            nursery,
+            agent,
+            input,
+            invocation_id=invocation_id,
+            user_id=user_id,
+            session_id=session_id,
+            exclusive=exclusive,
+        )
+
+    async def _start_in(
+        self,
+        nursery: trio.Nursery,
+        agent: AgentLike,
+        input: str,
+        *,
+        invocation_id: str,
+        user_id: str | None,
+        session_id: str | None,
+        exclusive: bool = True,
+        with_write: JournalWrite | None = None,
+    ) -> Invocation:
+        """A new invocation, made durable here, run in ``nursery`` (see :meth:`_launch`)."""
+        _, env = self._check_open()
         inv = Invocation(
             env,
             agent,
@@ -314,7 +338,7 @@ class Runner:
             resumed=False,
             exclusive=exclusive,
         )
-        await self._launch(nursery, inv)
+        await self._launch(nursery, inv, with_write)
         return inv
 
     async def _open_models(self, agent: AgentLike) -> None:
@@ -478,18 +502,15 @@ class Runner:
         nursery: trio.Nursery,
         with_write: JournalWrite,
     ) -> Invocation:
-        _, env = self._check_open()
-        inv = Invocation(
-            env,
+        return await self._start_in(
+            nursery,
             agent,
+            input,
             invocation_id=invocation_id,
-            input=input,
             user_id=user_id,
             session_id=session_id,
-            resumed=False,
+            with_write=with_write,
         )
-        await self._launch(nursery, inv, with_write)
-        return inv
 
     async def _resume_turn(
         self, invocation_id: str, *, agent: AgentLike, nursery: trio.Nursery
