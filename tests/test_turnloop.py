@@ -336,6 +336,8 @@ async def test_100_messages_from_10_tasks_each_answered_once_in_order(
             async with trio.open_nursery() as nursery:
                 for k in range(10):
                     nursery.start_soon(sender, k)
+            await loop.idle()
+            assert not loop._joins  # a long conversation keeps nothing per answered message
         events = await journal(runner.store)
         session = await runner.store.get_session("s1")
     assert len(messages_of(events)) == 100
@@ -398,6 +400,26 @@ async def test_stop_keeps_pending_messages_and_a_new_opening_answers_them(
     assert claims(events) == [(m1.seq,), (m2.seq,), (m3.seq,)]
     assert_each_answered_once(events)
     assert "too late" not in [e.text for e in events if isinstance(e, MessageReceived)]
+
+
+async def test_a_later_stop_only_strengthens_the_mode(autojump_clock: Any) -> None:
+    bot = Bot()
+    async with Runner() as runner:
+        async with runner.open_turn_loop(bot.agent(), session_id="s1") as loop:
+            await loop.send("slow one")
+            turn = await reach("mid_stream", loop)
+            assert turn is not None
+            loop.stop("after_turn", reason="first")
+            await trio.sleep(1)
+            assert turn.outcome is None  # after_turn: the answer goes on
+            loop.stop("immediate", reason="second")
+            outcome = await turn.wait()
+            loop.stop("after_turn")  # weaker: changes nothing
+        end = terminal_events(await journal(runner.store))[-1]
+    assert (outcome.status, outcome.reason) == ("cancelled", "first")
+    assert loop._stop is not None
+    assert loop._stop[:2] == ("immediate", "first")
+    assert end.reason == "stopped: first"
 
 
 async def test_leaving_the_block_waits_for_every_message(autojump_clock: Any) -> None:

@@ -97,6 +97,7 @@ from .events import (
     MessageReceived,
     Status,
     check_cancel_mode,
+    stronger_mode,
 )
 from .stores._base import InvocationRecord, JournalWrite, Lease, Store
 
@@ -258,6 +259,9 @@ class TurnLoop:
         check_grace(grace)
         if self._stop is None:
             self._stop = (mode, reason or "loop stopped", grace)
+        else:  # the first reason stays; the mode only strengthens
+            first, why, first_grace = self._stop
+            self._stop = (stronger_mode(first, mode), why, first_grace if grace is None else grace)
         turn = self._current
         if turn is not None:
             turn.cancel(mode, reason=self._stop[1], grace=grace)
@@ -298,8 +302,7 @@ class TurnLoop:
         turn = self._current
         policy = self.policy
         if turn is None or turn.outcome is not None:
-            # Nothing to interrupt: a string policy says how pending messages group.
-            self._joins[message.seq] = policy == "coalesce" or isinstance(policy, Preempt)
+            self._joins[message.seq] = self._joins_when_idle()
             return
         if callable(policy) and not isinstance(policy, Preempt):
             try:
@@ -312,6 +315,11 @@ class TurnLoop:
         self._joins[message.seq] = chosen != "queue"
         if isinstance(chosen, Preempt):
             turn.cancel(chosen.mode, reason=PREEMPTED, grace=chosen.grace)
+
+    def _joins_when_idle(self) -> bool:
+        """Whether a message that interrupts nothing is answered with the one before it (a
+        string policy says how pending messages group; a callable decides only mid-turn)."""
+        return self.policy == "coalesce" or isinstance(self.policy, Preempt)
 
     def _batch(self) -> list[MessageReceived]:
         """The messages the next turn answers: the oldest pending one, and those after it
@@ -387,6 +395,8 @@ class TurnLoop:
             self._starting = False
         claimed = {m.seq for m in batch}
         self._pending = [m for m in self._pending if m.seq not in claimed]
+        for seq in claimed:  # decided: a long conversation keeps no trace of them here
+            self._joins.pop(seq, None)
         await self._follow(turn)
 
     async def _follow(self, turn: Invocation) -> None:
@@ -519,8 +529,7 @@ class TurnLoop:
             elif isinstance(event, LoopTurnEnded):
                 unfinished.pop(event.turn_id, None)
         self._pending = [m for m in messages if m.seq not in claimed]
-        joins = self.policy == "coalesce" or isinstance(self.policy, Preempt)
-        self._joins = {m.seq: joins for m in self._pending}
+        self._joins = {m.seq: self._joins_when_idle() for m in self._pending}
         self._unfinished = list(unfinished.values())
 
     async def _take_lease(self, store: Store, env: InvocationEnv) -> None:
