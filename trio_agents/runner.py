@@ -537,6 +537,10 @@ class Runner:
         except KeyError:
             raise InvocationNotFound(f"no invocation {invocation_id!r} is running here") from None
 
+    def running(self) -> list[Invocation]:
+        """The invocations running in this runner now (turn loops' turns included)."""
+        return list(self._active.values())
+
     def is_active(self, invocation_id: str) -> bool:
         """Whether an invocation with this id is running in this runner."""
         return invocation_id in self._active

@@ -1,0 +1,92 @@
+"""The server's frame: health, apps, tokens, the JSON error body, the shutdown."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import trio_agents as ta
+from trio_agents.models import ScriptedModel, ScriptedTurn
+from trio_agents.server import create_app, load_tokens
+
+from ._server import ALICE, BOB, open_client, open_server
+
+
+def make_agent(name: str = "helper") -> ta.Agent:
+    return ta.Agent(name=name, model=ScriptedModel([ScriptedTurn.text("hello")] * 50))
+
+
+async def test_health_and_list_apps() -> None:
+    """/health answers without a token; /list-apps needs one and lists the agents' names."""
+    async with (
+        ta.Runner() as runner,
+        open_server([make_agent("b"), make_agent("a")], runner=runner) as url,
+    ):
+        async with open_client(url, token=None) as anon:
+            assert (await anon.get("/health")).json() == {"status": "ok"}
+            refused = await anon.get("/list-apps")
+            assert refused.status_code == 401
+            assert refused.json()["error"]["code"] == "unauthorized"
+            assert refused.headers["www-authenticate"] == "Bearer"
+        async with open_client(url, ALICE) as alice:
+            assert (await alice.get("/list-apps")).json() == ["a", "b"]
+        async with open_client(url, "not-a-known-token") as stranger:
+            bad = await stranger.get("/list-apps")
+            assert bad.status_code == 401
+            assert bad.json()["error"]["message"] == "unknown token"
+
+
+async def test_unknown_route_and_method_answer_json() -> None:
+    async with (
+        ta.Runner() as runner,
+        open_server([make_agent()], runner=runner) as url,
+        open_client(url, BOB) as bob,
+    ):
+        missing = await bob.get("/no/such/route")
+        assert missing.status_code == 404
+        assert missing.json()["error"]["code"] == "not_found"
+        wrong = await bob.delete("/list-apps")
+        assert wrong.status_code == 405
+        assert wrong.json()["error"]["code"] == "method_not_allowed"
+
+
+async def test_refuses_to_serve_without_tokens() -> None:
+    async with ta.Runner() as runner:
+        with pytest.raises(ta.UsageError, match="bearer tokens"):
+            create_app([make_agent()], runner=runner)
+        with pytest.raises(ta.UsageError, match="two agents are named"):
+            create_app([make_agent(), make_agent()], runner=runner, insecure_dev=True)
+        app = create_app([make_agent()], runner=runner, insecure_dev=True)
+        from trio_agents.server import serve
+
+        with pytest.raises(ta.UsageError, match=r"127\.0\.0\.1 only"):
+            await serve(app, host="0.0.0.0", port=0)
+
+
+async def test_insecure_dev_believes_the_named_user() -> None:
+    async with (
+        ta.Runner() as runner,
+        open_server([make_agent()], runner=runner, tokens=None, insecure_dev=True) as url,
+        open_client(url, token=None) as anon,
+    ):
+        assert (await anon.get("/list-apps")).json() == ["helper"]
+
+
+def test_load_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRIO_AGENTS_TOKENS", "abcdefgh1=alice, abcdefgh2=bob")
+    assert load_tokens() == {"abcdefgh1": "alice", "abcdefgh2": "bob"}
+    file = tmp_path / "tokens.json"
+    file.write_text('{"0123456789": "carol"}')
+    assert load_tokens(file) == {"0123456789": "carol"}
+    file.write_text("short alice\n")
+    with pytest.raises(ta.UsageError, match="at least 8"):
+        load_tokens(file)
+    file.write_text("{not json")
+    with pytest.raises(ta.UsageError, match="not valid JSON"):
+        load_tokens(file)
+    with pytest.raises(ta.UsageError, match="cannot read the tokens file"):
+        load_tokens(tmp_path / "missing")
+    monkeypatch.setenv("TRIO_AGENTS_TOKENS", "abcdefgh1=al/ice")
+    with pytest.raises(ta.UsageError, match="not a usable user id"):
+        load_tokens()

@@ -1,0 +1,268 @@
+"""The app: its shared state (runner, agents, auth, limits) and the routes that need no more."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator, Iterable, Sequence
+from typing import Any
+
+import trio
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import HTTPConnection, Request
+from starlette.responses import JSONResponse
+from starlette.routing import BaseRoute, Route
+
+from .._exceptions import InvocationNotFound, UsageError
+from ..agents import AgentLike
+from ..runner import Runner
+from ..stores import InvocationRecord
+from ..turnloop import TurnLoop
+from ._auth import Auth, check_id
+from ._errors import ApiError, error_response, handle_api_error
+
+__all__ = ["ServerState", "create_app", "session_key"]
+
+MAX_BODY = 1 << 20
+
+
+def session_key(app: str, user: str, session: str) -> str:
+    """The store's id of the session ``session`` of ``user`` in ``app``: sessions of two users
+    (or two apps) never share an id, whatever the client calls them."""
+    return f"{app}/{user}/{session}"
+
+
+class ServerState:
+    """What every route shares.  ``app.state.trio_agents`` holds it.
+
+    Args:
+        runner: an open :class:`~trio_agents.Runner`; it owns every invocation started here.
+        agents: the apps, by their agent's name.
+        auth: who a request is.
+        max_body: the largest request body accepted, in bytes (413 above it).
+        max_active_per_user: invocations one user may have running in this process at once
+            (429 with ``Retry-After`` above it).
+        live_send_queue: events a ``/run_live`` socket may have waiting to be sent; a client
+            that falls further behind is disconnected (close code 1008).
+    """
+
+    def __init__(
+        self,
+        runner: Runner,
+        agents: Sequence[AgentLike],
+        *,
+        auth: Auth,
+        max_body: int = MAX_BODY,
+        max_active_per_user: int = 8,
+        live_send_queue: int = 256,
+    ) -> None:
+        self.runner = runner
+        self.agents: dict[str, AgentLike] = {}
+        for agent in agents:
+            name = getattr(agent, "name", None)
+            if not isinstance(name, str) or not callable(getattr(agent, "run", None)):
+                raise UsageError(f"create_app needs agents or workflows, got {agent!r}")
+            check_id(name, "an app (agent) name")
+            if name in self.agents:
+                raise UsageError(f"two agents are named {name!r}; an app name must be unique")
+            self.agents[name] = agent
+        if not self.agents:
+            raise UsageError("create_app needs at least one agent")
+        if max_body < 1 or max_active_per_user < 1 or live_send_queue < 1:
+            raise UsageError("max_body, max_active_per_user and live_send_queue must be >= 1")
+        self.auth = auth
+        self.max_body = max_body
+        self.max_active_per_user = max_active_per_user
+        self.live_send_queue = live_send_queue
+        self.loops: set[TurnLoop] = set()  # the live conversations open here
+        self.shutting_down = False
+        self._admitting: dict[str, trio.Lock] = {}
+
+    # ---- who, what ---------------------------------------------------------------------------
+
+    def user(self, conn: HTTPConnection, claimed: str | None = None) -> str:
+        """The authenticated user of ``conn`` (401 without a valid token).  If the request
+        names a user (``claimed``: its path or body) it must be this one, else 404: another
+        user's sessions look exactly like missing ones."""
+        user = self.auth.user(conn.headers.get("authorization"), claimed=claimed)
+        if claimed is not None and claimed != user:
+            raise ApiError(404, "session_not_found", f"no session of user {claimed!r} here")
+        return user
+
+    def agent(self, app: str) -> AgentLike:
+        try:
+            return self.agents[app]
+        except KeyError:
+            raise ApiError(
+                404, "app_not_found", f"no app named {app!r}; GET /list-apps lists them"
+            ) from None
+
+    async def invocation(self, invocation_id: str, user: str) -> InvocationRecord:
+        """The record of ``invocation_id`` if it is ``user``'s, else 404 (missing or not
+        theirs: the same answer).  Turn loops' records are not invocations here."""
+        not_found = ApiError(404, "invocation_not_found", f"no invocation {invocation_id!r}")
+        if invocation_id.startswith("loop:"):
+            raise not_found
+        try:
+            record = await self.runner.store.get_invocation(invocation_id)
+        except InvocationNotFound:
+            raise not_found from None
+        if record.user_id != user:
+            raise not_found
+        return record
+
+    async def read_json(self, request: Request) -> dict[str, Any]:
+        """The request's body as a JSON object: 413 past ``max_body``, 400 if it is not
+        JSON or not an object, 415 if it says it is something else.  An empty body is
+        ``{}``."""
+        ctype = request.headers.get("content-type", "application/json")
+        if ctype and "json" not in ctype.split(";")[0].lower():
+            raise ApiError(415, "unsupported_media_type", f"send application/json, not {ctype}")
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body:
+            raise _too_large(self.max_body)
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > self.max_body:
+                raise _too_large(self.max_body)
+        if not body.strip():
+            return {}
+        try:
+            data = json.loads(body)
+        except ValueError as exc:
+            raise ApiError(400, "malformed_json", f"the body is not valid JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ApiError(
+                400, "bad_request", f"the body must be a JSON object, got {type(data).__name__}"
+            )
+        return data
+
+    # ---- limits ----------------------------------------------------------------------------
+
+    def running(self, user: str) -> int:
+        """How many invocations of ``user`` run in this process."""
+        return sum(1 for inv in self.runner.running() if inv.user_id == user)
+
+    @contextlib.asynccontextmanager
+    async def admit(self, user: str) -> AsyncIterator[None]:
+        """Hold this around starting or resuming an invocation for ``user``: 503 while the
+        server shuts down, 429 with ``Retry-After`` when the user is at their limit.  One
+        admission per user at a time, so two requests cannot both take the last place."""
+        if self.shutting_down:
+            raise ApiError(
+                503, "shutting_down", "the server is shutting down", headers={"Retry-After": "1"}
+            )
+        lock = self._admitting.setdefault(user, trio.Lock())
+        async with lock:
+            if self.running(user) >= self.max_active_per_user:
+                raise ApiError(
+                    429,
+                    "too_many_invocations",
+                    f"user {user!r} has {self.max_active_per_user} invocations running here, "
+                    "the most allowed; wait for one to end",
+                    headers={"Retry-After": "1"},
+                )
+            yield
+
+    def begin_shutdown(self, reason: str = "shutdown") -> None:
+        """Refuse new work, and cancel every invocation and live conversation running here
+        (journaled with ``reason``, so another instance can resume them)."""
+        self.shutting_down = True
+        for loop in list(self.loops):
+            loop.stop("immediate", reason=reason)
+        self.runner.cancel_all("immediate", reason=reason)
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    """Starlette's own errors (no such route, method not allowed) in the one JSON body."""
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return error_response(
+        ApiError(exc.status_code, code, str(exc.detail), headers=exc.headers or {})
+    )
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, "body_too_large", f"the request body is larger than {limit} bytes")
+
+
+async def _health(request: Request) -> JSONResponse:
+    state: ServerState = request.app.state.trio_agents
+    return JSONResponse({"status": "shutting_down" if state.shutting_down else "ok"})
+
+
+async def _list_apps(request: Request) -> JSONResponse:
+    state: ServerState = request.app.state.trio_agents
+    state.user(request)
+    return JSONResponse(sorted(state.agents))
+
+
+def create_app(
+    agents: Sequence[AgentLike],
+    *,
+    runner: Runner,
+    tokens: dict[str, str] | None = None,
+    insecure_dev: bool = False,
+    max_body: int = MAX_BODY,
+    max_active_per_user: int = 8,
+    live_send_queue: int = 256,
+    cors_origins: Iterable[str] = (),
+) -> Starlette:
+    """The Starlette app serving ``agents`` (each an app, by its name) through ``runner``.
+
+    ``runner`` must be open while the app serves, and outlive it: the invocations run in
+    its nursery.  ``tokens`` maps bearer tokens to user ids (see :func:`load_tokens`);
+    without any, only ``insecure_dev=True`` serves (every request is believed to be the user
+    it names: for a developer's own machine).  CORS is off unless ``cors_origins`` names
+    origins.  Raises :class:`~trio_agents.UsageError` for a bad configuration.
+    """
+    from ._live import live_routes
+    from ._openapi import openapi_route
+    from ._routes import http_routes
+
+    if not tokens and not insecure_dev:
+        raise UsageError(
+            "the server needs bearer tokens (tokens={...}, --tokens FILE or "
+            "$TRIO_AGENTS_TOKENS); insecure_dev=True serves without them"
+        )
+    state = ServerState(
+        runner,
+        agents,
+        auth=Auth(tokens or {}, insecure_dev=insecure_dev),
+        max_body=max_body,
+        max_active_per_user=max_active_per_user,
+        live_send_queue=live_send_queue,
+    )
+    routes: list[BaseRoute] = [
+        Route("/health", _health, methods=["GET"]),
+        Route("/list-apps", _list_apps, methods=["GET"]),
+        *http_routes(),
+        *live_routes(),
+        openapi_route(),
+    ]
+    middleware = []
+    origins = list(cors_origins)
+    if origins:
+        middleware.append(
+            Middleware(
+                CORSMiddleware,
+                allow_origins=origins,
+                allow_methods=["GET", "POST", "DELETE"],
+                allow_headers=["Authorization", "Content-Type", "Last-Event-ID"],
+            )
+        )
+    app = Starlette(
+        routes=routes,
+        middleware=middleware,
+        exception_handlers={
+            Exception: handle_api_error,
+            ApiError: handle_api_error,
+            HTTPException: _http_error,
+        },
+    )
+    app.state.trio_agents = state
+    return app

@@ -1,0 +1,70 @@
+"""Serve an app on Hypercorn's trio worker, with a shutdown that journals every ending."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+from typing import cast
+
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve as hypercorn_serve
+from hypercorn.typing import ASGIFramework
+from starlette.applications import Starlette
+
+from .._exceptions import UsageError
+from ._app import ServerState
+
+__all__ = ["LOOPBACK", "serve"]
+
+logger = logging.getLogger("trio_agents.server")
+
+LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+async def _signalled() -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            logger.info("received %s: shutting down", signal.Signals(signum).name)
+            return
+
+
+async def serve(
+    app: Starlette,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    shutdown_trigger: Callable[[], Awaitable[object]] | None = None,
+    graceful_timeout: float = 10.0,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``app`` (from :func:`create_app`) until ``shutdown_trigger`` returns (default:
+    SIGTERM or SIGINT), reporting the bound URLs (``["http://127.0.0.1:8000"]``) through
+    ``task_status``; ``port=0`` takes a free port.
+
+    Shutting down stops accepting, cancels every invocation and live conversation this app
+    runs with reason ``shutdown`` (the runner journals each ending, so another instance can
+    resume them), and gives open requests ``graceful_timeout`` seconds to send their terminal
+    frames before they are cut.  The runner stays open: leave its block after this returns.
+
+    Raises :class:`~trio_agents.UsageError` for an app that serves without tokens
+    (``insecure_dev``) on anything but the loopback interface.
+    """
+    state: ServerState = app.state.trio_agents
+    if state.auth.insecure_dev and host not in LOOPBACK:
+        raise UsageError(f"insecure_dev serves on 127.0.0.1 only, not on {host!r}")
+    config = Config()
+    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    config.graceful_timeout = graceful_timeout
+    config.accesslog = None
+    config.keep_alive_timeout = 30
+
+    async def shutdown() -> None:
+        await (shutdown_trigger or _signalled)()
+        state.begin_shutdown()
+
+    # Starlette's ASGI signature is looser than Hypercorn's typed one; it is the same protocol.
+    await hypercorn_serve(
+        cast(ASGIFramework, app), config, shutdown_trigger=shutdown, task_status=task_status
+    )
