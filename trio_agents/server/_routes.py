@@ -1,11 +1,19 @@
-"""The HTTP routes: sessions, runs (``/run``, ``/run_sse``), invocations, cancel, approvals."""
+"""The HTTP routes: sessions, runs (``/run``, ``/run_sse``), invocations, cancel, approvals.
+
+Each group lives in its own module: :mod:`._sessions`, :mod:`._runs`, :mod:`._invocations`
+(following an invocation, SSE frames and outcomes: :mod:`._follow`; body fields:
+:mod:`._fields`).  ``/openapi.json`` (:mod:`._openapi`) describes them all.
+"""
 
 from __future__ import annotations
 
 from starlette.routing import BaseRoute
 
+from ._invocations import invocation_routes
+from ._runs import run_routes
+
 __all__ = ["http_routes"]
 
 
 def http_routes() -> list[BaseRoute]:
-    return []
+    return [*run_routes(), *invocation_routes()]

@@ -1,0 +1,127 @@
+"""The HTTP routes against a real server on 127.0.0.1: /run, /run_sse, the invocation routes.
+
+Models are scripted, or real HTTP streams from the fake OpenAI server (which records when
+it saw each client disconnect); clients are httpx2.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+import trio_agents as ta
+from trio_agents.models import ScriptedModel, ScriptedTurn
+
+from ._server import BOB, open_client, open_server
+from ._sse_client import read_frames, terminal
+
+
+def scripted(name: str = "helper", *turns: ScriptedTurn | str) -> ta.Agent:
+    return ta.Agent(name=name, model=ScriptedModel(list(turns) or ["hello"] * 20))
+
+
+def content(text: str) -> dict[str, Any]:
+    return {"role": "user", "parts": [{"text": text}]}
+
+
+async def test_run_answers_the_outcome_and_the_events() -> None:
+    """/run waits for the end; ADK camelCase and snake_case bodies both work; a session
+    that does not exist is created (its id is the client's own in answers)."""
+    with trio.fail_after(30):
+        async with (
+            ta.Runner() as runner,
+            open_server([scripted()], runner=runner) as url,
+            open_client(url) as alice,
+        ):
+            answer = await alice.post(
+                "/run",
+                json={
+                    "appName": "helper",
+                    "userId": "alice",
+                    "sessionId": "s1",
+                    "newMessage": content("hi"),
+                },
+            )
+            assert answer.status_code == 200, answer.text
+            body = answer.json()
+            assert (body["status"], body["output"], body["session_id"]) == (
+                "completed",
+                "hello",
+                "s1",
+            )
+            assert body["checkpoint_id"] is not None
+            kinds = [e["kind"] for e in body["events"]]
+            assert kinds[0] == "started"
+            assert kinds[-1] == "ended"
+            assert "text_delta" not in kinds
+            assert answer.headers["x-invocation-id"] == body["invocation_id"]
+            again = await alice.post(
+                "/run", json={"app_name": "helper", "session_id": "s1", "input": "more"}
+            )
+            assert again.json()["status"] == "completed"
+            got = (await alice.get(f"/invocations/{body['invocation_id']}")).json()
+            assert (got["status"], got["session_id"], got["user_id"]) == (
+                "completed",
+                "s1",
+                "alice",
+            )
+            assert got["outcome"]["output"] == "hello"
+            session = await runner.store.get_session("helper/alice/s1")
+            assert len(session.entries) == 4  # two questions, two answers
+
+
+async def test_run_sse_streams_every_event_and_one_terminal_frame() -> None:
+    with trio.fail_after(30):
+        async with (
+            ta.Runner() as runner,
+            open_server(
+                [scripted("helper", ScriptedTurn.text("a b c d", pieces=4))], runner=runner
+            ) as url,
+            open_client(url) as alice,
+            alice.stream(
+                "POST", "/run_sse", json={"app_name": "helper", "input": "hi"}
+            ) as response,
+        ):
+            assert response.status_code == 200
+            frames = await read_frames(response)
+        first, last = frames[0], frames[-1]
+        assert first.event == "started"
+        assert response.headers["x-invocation-id"] == first.data["invocation_id"]
+        assert [f.event for f in terminal(frames)] == ["ended"]
+        assert last.event == "ended"
+        assert last.data["status"] == "completed"
+        assert [f.data["text"] for f in frames if f.event == "text_delta"] == [
+            "a ",
+            "b ",
+            "c ",
+            "d",
+        ]
+        ids = [ta.events.parse_event_id(f.id or "") for f in frames]
+        assert ids == sorted(set(ids))
+        for f in frames:
+            assert f.id == ta.events.event_id(ta.events.from_dict(f.data))
+
+
+async def test_routes_with_a_verb_after_a_colon() -> None:
+    """``/invocations/{id}:cancel`` reaches the cancel route (a plain GET of that path is a
+    missing invocation, not a crash)."""
+    with trio.fail_after(30):
+        async with (
+            ta.Runner() as runner,
+            open_server([scripted()], runner=runner) as url,
+            open_client(url) as alice,
+        ):
+            done = (await alice.post("/run", json={"app_name": "helper", "input": "x"})).json()
+            iid = done["invocation_id"]
+            again = await alice.post(f"/invocations/{iid}:cancel", json={})
+            assert again.status_code == 200
+            assert again.json()["status"] == "completed"
+            assert again.json()["invocation_id"] == iid
+            odd = await alice.get(f"/invocations/{iid}:cancel")
+            assert odd.status_code == 404
+            assert odd.json()["error"]["code"] == "invocation_not_found"
+            async with open_client(url, BOB) as bob:
+                theirs = await bob.post(f"/invocations/{iid}:cancel", json={})
+                assert theirs.status_code == 404
+                assert theirs.json()["error"]["code"] == "invocation_not_found"

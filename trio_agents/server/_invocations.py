@@ -1,0 +1,302 @@
+"""Routes on one invocation: its status, its events (SSE), cancel, approvals, resume.
+
+Every route first finds the invocation among the token user's (another user's is a 404
+exactly like a missing one).
+
+Cancel (``POST /invocations/{id}:cancel``, body ``{"mode", "reason", "grace", "wait"}``)
+    Records the cancel - at once if the invocation runs here, through the store if it runs
+    in another process, and a paused one is ended right here - then follows the invocation
+    until its ending is stored and answers that outcome (200).  It never answers while work
+    still runs.  ``"wait": false`` answers 202 at once with ``Location: /invocations/{id}``.
+    An invocation that ended already answers 200 with its outcome (cancel is idempotent).
+    ``grace`` (seconds: a safe-point mode becomes ``immediate`` after it) applies to an
+    invocation running in this process; a request that travels through the store carries
+    the mode and reason only.
+
+Approvals
+    ``GET /invocations/{id}/approvals`` lists every gate the invocation opened (approvals,
+    long-running results, credentials) with its state: ``open``, or how it ended; a
+    decision recorded but not yet taken up (the invocation is paused or elsewhere) shows as
+    its state.  ``POST /invocations/{id}/approvals/{approval_id}`` (``{"approved": bool,
+    "reason": ..., "arguments": {...}}``) decides: 200 ``{"recorded": true, "state": ...}``;
+    a gate decided already answers 200 ``{"recorded": false, "state": <the decision that
+    stands>}`` (a retried request is harmless); a gate that expired or was cancelled 409
+    ``gate_closed``; an unknown approval 404 ``approval_not_found``; edited arguments that
+    fail the tool's validation 422 ``invalid_arguments``.
+
+Resume (``POST /invocations/{id}:resume``, body ``{"wait": false}``)
+    Continues a paused, cancelled or failed invocation in this process (under the user's
+    admission: 429 at their limit); 202 with ``Location`` at once, or with ``"wait": true``
+    the outcome and events of this run, like ``/run``.  A running invocation is 409
+    ``invocation_running``, a completed one 409 ``invocation_completed``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from .. import approvals
+from .._exceptions import UsageError
+from ..events import (
+    ApprovalRequested,
+    CredentialRequested,
+    Event,
+    EventId,
+    ResultRequested,
+    check_cancel_mode,
+    parse_event_id,
+)
+from ..stores import InvocationRecord
+from ._app import ServerState
+from ._errors import ApiError
+from ._fields import get_bool, get_number, get_str, invalid, raw
+from ._follow import follow_to_end, outcome_of, stored_outcome, watching_disconnect
+from ._runs import events_json, sse_response
+
+__all__ = ["cancel_and_answer", "client_session_id", "invocation_routes"]
+
+
+def _state(request: Request) -> ServerState:
+    state: ServerState = request.app.state.trio_agents
+    return state
+
+
+def client_session_id(record: InvocationRecord) -> str | None:
+    """The client's own id of the record's session (the store's is ``app/user/session``)."""
+    if record.session_id is None:
+        return None
+    prefix = f"{record.agent}/{record.user_id}/"
+    sid = record.session_id
+    return sid[len(prefix) :] if sid.startswith(prefix) else sid
+
+
+async def _record(request: Request) -> tuple[ServerState, str, InvocationRecord]:
+    state = _state(request)
+    user = state.user(request)
+    record = await state.invocation(request.path_params["invocation_id"], user)
+    return state, user, record
+
+
+def _head_id(record: InvocationRecord) -> str:
+    seq, sub = record.head
+    return f"{seq}.{sub}" if sub else str(seq)
+
+
+async def get_invocation(request: Request) -> JSONResponse:
+    state, _, record = await _record(request)
+    return JSONResponse(
+        {
+            "invocation_id": record.id,
+            "app_name": record.agent,
+            "user_id": record.user_id,
+            "session_id": client_session_id(record),
+            "status": record.status,
+            "input": record.input,
+            "created_at": record.created_at,
+            "updated_at": record.updated_at,
+            "last_event_id": _head_id(record),
+            "outcome": await stored_outcome(state.runner.store, record),
+        }
+    )
+
+
+def _after(request: Request) -> EventId:
+    header = request.headers.get("last-event-id")
+    query = request.query_params.get("after")
+    name, value = ("Last-Event-ID", header) if header else ("after", query)
+    if not value:
+        return (0, 0)
+    try:
+        return parse_event_id(value)
+    except UsageError as exc:
+        raise ApiError(400, "bad_event_id", f"{name}: {exc}") from None
+
+
+async def invocation_events(request: Request) -> Response:
+    state, user, record = await _record(request)
+    return sse_response(state, record.id, user=user, after=_after(request))
+
+
+async def cancel_and_answer(
+    state: ServerState, request: Request, record: InvocationRecord, user: str
+) -> Response:
+    """Cancel ``record``'s invocation and answer its outcome once it has stopped (see the
+    module docstring)."""
+    body = await state.read_json(request)
+    mode_value = get_str(body, "mode") or "immediate"
+    try:
+        mode = check_cancel_mode(mode_value)
+    except UsageError as exc:
+        raise ApiError(422, "invalid_field", f"field 'mode': {exc}") from None
+    reason = get_str(body, "reason")
+    grace = get_number(body, "grace")
+    wait = get_bool(body, "wait", default=True)
+    runner = state.runner
+    for _ in range(2):  # twice: a paused one may be resumed elsewhere as we ask
+        if record.status not in ("running", "paused"):
+            return JSONResponse(await stored_outcome(runner.store, record))
+        after = record.head
+        if runner.is_active(record.id):
+            runner.get(record.id).cancel(mode, reason=reason, grace=grace, by=user)
+            break
+        if await runner.request_cancel(record.id, mode, reason=reason, by=user):
+            break
+        record = await runner.store.get_invocation(record.id)
+    if not wait:
+        return JSONResponse(
+            {"invocation_id": record.id, "status": "cancelling", "cancel_requested": True},
+            status_code=202,
+            headers={"Location": f"/invocations/{record.id}"},
+        )
+    ended = await watching_disconnect(
+        request, lambda: follow_to_end(runner, record.id, after=after)
+    )
+    if ended is not None:
+        return JSONResponse(outcome_of(ended))
+    record = await runner.store.get_invocation(record.id)
+    return JSONResponse(await stored_outcome(runner.store, record))
+
+
+async def cancel_invocation(request: Request) -> Response:
+    state, user, record = await _record(request)
+    return await cancel_and_answer(state, request, record, user)
+
+
+_REQUESTS = (ApprovalRequested, ResultRequested, CredentialRequested)
+
+
+def _gate_id(event: Event) -> str:
+    return approvals.id_of(event)
+
+
+async def list_approvals(request: Request) -> JSONResponse:
+    state, _, record = await _record(request)
+    store = state.runner.store
+    events = await store.load_events(record.id)
+    gates = approvals.tally(events)
+    decided = {d.approval_id: d for d in await store.decisions(record.id)}
+    items: list[dict[str, Any]] = []
+    for event in events:
+        if not isinstance(event, _REQUESTS):
+            continue
+        gate_id = _gate_id(event)
+        info = gates[gate_id]
+        decision = decided.get(gate_id)
+        state_now = info.state
+        if state_now == "open" and decision is not None:
+            state_now = decision.state
+        items.append(
+            {
+                "approval_id": gate_id,
+                "kind": info.kind,
+                "state": state_now,
+                "tool": event.call.name,
+                "call_id": event.call.id,
+                "arguments": event.call.arguments,
+                "path": event.path,
+                "turn": event.turn,
+                "description": event.description
+                if isinstance(event, (ApprovalRequested, ResultRequested))
+                else "",
+                "expires_at": event.expires_at,
+                "decided_by": decision.decided_by if decision is not None else None,
+                "reason": decision.reason if decision is not None else None,
+            }
+        )
+    return JSONResponse({"invocation_id": record.id, "approvals": items})
+
+
+async def decide(request: Request) -> JSONResponse:
+    state, user, record = await _record(request)
+    approval_id = request.path_params["approval_id"]
+    body = await state.read_json(request)
+    approved = raw(body, "approved", required=True)
+    if not isinstance(approved, bool):
+        raise invalid("approved", "true or false", approved)
+    reason = get_str(body, "reason")
+    arguments = raw(body, "arguments")
+    if arguments is not None and not isinstance(arguments, (dict, str)):
+        raise invalid("arguments", "an object (or its JSON text)", arguments)
+    if arguments is not None and not approved:
+        raise ApiError(422, "invalid_field", "field 'arguments' may only come with approved=true")
+    store = state.runner.store
+    gates = approvals.tally(await store.load_events(record.id))
+    gate = gates.get(approval_id)
+    if gate is None or gate.kind != "approval":
+        asked = [g for g, info in gates.items() if info.kind == "approval"]
+        raise ApiError(
+            404,
+            "approval_not_found",
+            f"invocation {record.id!r} has no approval {approval_id!r}; "
+            + (f"it asked for: {', '.join(asked)}" if asked else "it asked for none"),
+        )
+    try:
+        recorded = await state.runner.decide(
+            record.id, approval_id, approved=approved, reason=reason, by=user, arguments=arguments
+        )
+    except UsageError as exc:  # the edited arguments fail the tool's validation
+        raise ApiError(422, "invalid_arguments", str(exc)) from None
+    if recorded:
+        standing = "approved" if approved else "denied"
+    else:
+        found = [d for d in await store.decisions(record.id) if d.approval_id == approval_id]
+        standing = found[0].state if found else gate.state
+    return JSONResponse(
+        {
+            "invocation_id": record.id,
+            "approval_id": approval_id,
+            "recorded": recorded,
+            "state": standing,
+        }
+    )
+
+
+async def resume(request: Request) -> Response:
+    state, user, record = await _record(request)
+    body = await state.read_json(request)
+    wait = get_bool(body, "wait", default=False)
+    if record.status == "running":
+        raise ApiError(409, "invocation_running", f"invocation {record.id!r} is running")
+    if record.status == "completed":
+        raise ApiError(
+            409, "invocation_completed", f"invocation {record.id!r} completed; nothing to resume"
+        )
+    agent = state.agent(record.agent)
+    after = record.head
+    async with state.admit(user):
+        await state.runner.resume(record.id, agent=agent)
+    if not wait:
+        return JSONResponse(
+            {"invocation_id": record.id, "status": "running"},
+            status_code=202,
+            headers={"Location": f"/invocations/{record.id}"},
+        )
+    events: list[Event] = []
+    ended = await watching_disconnect(
+        request, lambda: follow_to_end(state.runner, record.id, after=after, collect=events)
+    )
+    if ended is None:
+        raise ApiError(500, "no_ending", f"invocation {record.id!r} stopped without an ending")
+    return JSONResponse(
+        {
+            **outcome_of(ended),
+            "session_id": client_session_id(record),
+            "events": events_json(events),
+        }
+    )
+
+
+def invocation_routes() -> list[BaseRoute]:
+    # The ':verb' routes first: "{invocation_id}" alone would match "abc:cancel" too.
+    return [
+        Route("/invocations/{invocation_id}:cancel", cancel_invocation, methods=["POST"]),
+        Route("/invocations/{invocation_id}:resume", resume, methods=["POST"]),
+        Route("/invocations/{invocation_id}/events", invocation_events, methods=["GET"]),
+        Route("/invocations/{invocation_id}/approvals", list_approvals, methods=["GET"]),
+        Route("/invocations/{invocation_id}/approvals/{approval_id}", decide, methods=["POST"]),
+        Route("/invocations/{invocation_id}", get_invocation, methods=["GET"]),
+    ]
