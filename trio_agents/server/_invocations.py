@@ -40,7 +40,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from .. import approvals
-from .._exceptions import UsageError
+from .._exceptions import GateClosed, UsageError
 from ..events import (
     ApprovalRequested,
     CredentialRequested,
@@ -238,6 +238,8 @@ async def decide(request: Request) -> JSONResponse:
         recorded = await state.runner.decide(
             record.id, approval_id, approved=approved, reason=reason, by=user, arguments=arguments
         )
+    except GateClosed:
+        raise  # 409 gate_closed (a UsageError too)
     except UsageError as exc:  # the edited arguments fail the tool's validation
         raise ApiError(422, "invalid_arguments", str(exc)) from None
     if recorded:
