@@ -14,7 +14,7 @@ import trio_agents as ta
 from trio_agents.models import ScriptedModel, ScriptedTurn
 
 from ._server import BOB, open_client, open_server
-from ._sse_client import read_frames, terminal
+from ._sse_client import FrameReader, read_frames, terminal
 
 
 def scripted(name: str = "helper", *turns: ScriptedTurn | str) -> ta.Agent:
@@ -125,3 +125,120 @@ async def test_routes_with_a_verb_after_a_colon() -> None:
                 theirs = await bob.post(f"/invocations/{iid}:cancel", json={})
                 assert theirs.status_code == 404
                 assert theirs.json()["error"]["code"] == "invocation_not_found"
+
+
+class Deploys:
+    """A ``deploy`` tool that needs approval and remembers what it deployed."""
+
+    def __init__(self) -> None:
+        self.deployed: list[str] = []
+
+    def agent(self, name: str = "ops") -> ta.Agent:
+        @ta.tool(requires_approval=True)
+        async def deploy(service: str) -> str:
+            """Deploy a service."""
+            self.deployed.append(service)
+            return f"{service} deployed"
+
+        def script(request: ta.messages.ModelRequest) -> ScriptedTurn | str:
+            if isinstance(request.messages[-1], ta.messages.ToolResultMessage):
+                return "done"
+            return ScriptedTurn.call("deploy", '{"service": "api"}')
+
+        return ta.Agent(name=name, model=ScriptedModel(script), tools=[deploy])
+
+
+async def test_approvals_list_approve_with_edited_arguments_and_deny() -> None:
+    deploys = Deploys()
+    with trio.fail_after(30):
+        async with (
+            ta.Runner() as runner,
+            open_server([deploys.agent()], runner=runner) as url,
+            open_client(url) as alice,
+        ):
+            for approved in (True, False):
+                async with (
+                    alice.stream("POST", "/run_sse", json={"app_name": "ops", "input": "go"}) as r,
+                    FrameReader(r) as reader,
+                ):
+                    frames = await reader.read(lambda f: f.event == "approval_requested")
+                    iid = frames[0].data["invocation_id"]
+                    gate = frames[-1].data["approval_id"]
+                    listed = (await alice.get(f"/invocations/{iid}/approvals")).json()
+                    [item] = listed["approvals"]
+                    assert (item["approval_id"], item["state"], item["kind"]) == (
+                        gate,
+                        "open",
+                        "approval",
+                    )
+                    assert (item["tool"], item["arguments"]) == ("deploy", '{"service": "api"}')
+                    body: dict[str, Any] = {"approved": approved, "reason": "checked"}
+                    if approved:
+                        body["arguments"] = {"service": "web"}
+                    decided = await alice.post(f"/invocations/{iid}/approvals/{gate}", json=body)
+                    assert decided.status_code == 200, decided.text
+                    state = "approved" if approved else "denied"
+                    assert decided.json() == {
+                        "invocation_id": iid,
+                        "approval_id": gate,
+                        "recorded": True,
+                        "state": state,
+                    }
+                    frames += await reader.read()
+                assert [f.data["status"] for f in terminal(frames)] == ["completed"]
+                again = await alice.post(
+                    f"/invocations/{iid}/approvals/{gate}", json={"approved": not approved}
+                )
+                assert again.json()["recorded"] is False
+                assert again.json()["state"] == state
+                unknown = await alice.post(
+                    f"/invocations/{iid}/approvals/nope", json={"approved": True}
+                )
+                assert unknown.status_code == 404
+                assert unknown.json()["error"]["code"] == "approval_not_found"
+                assert gate in unknown.json()["error"]["message"]
+                listed = (await alice.get(f"/invocations/{iid}/approvals")).json()
+                assert listed["approvals"][0]["state"] == state
+    assert deploys.deployed == ["web"]
+
+
+async def test_resume_a_paused_invocation_after_a_decision() -> None:
+    """An approval not answered within ``approval_timeout`` pauses the invocation; the
+    decision waits in the store and ``:resume`` continues it under the same id."""
+    deploys = Deploys()
+    with trio.fail_after(30):
+        async with (
+            ta.Runner(approval_timeout=0.05) as runner,
+            open_server([deploys.agent()], runner=runner) as url,
+            open_client(url) as alice,
+        ):
+            paused = (await alice.post("/run", json={"app_name": "ops", "input": "go"})).json()
+            assert paused["status"] == "paused"
+            iid = paused["invocation_id"]
+            [gate] = paused["pending_approvals"]
+            busy = await alice.post(f"/invocations/{iid}:resume", json={})
+            assert busy.status_code == 202  # resuming with the gate still open: it waits again
+            again = (await alice.get(f"/invocations/{iid}/events")).text
+            assert again.count("event: ended") == 1
+            decided = await alice.post(
+                f"/invocations/{iid}/approvals/{gate}", json={"approved": True}
+            )
+            assert decided.json()["recorded"] is True
+            # The events stream ended: it paused again (the decision waits in the store).
+            assert (await alice.get(f"/invocations/{iid}")).json()["status"] == "paused"
+            resumed = await alice.post(f"/invocations/{iid}:resume", json={"wait": True})
+            assert resumed.status_code == 200, resumed.text
+            assert resumed.json()["status"] == "completed"
+            assert resumed.json()["events"][0]["kind"] == "started"
+            assert resumed.json()["events"][0]["resumed"] is True
+            status = (await alice.get(f"/invocations/{iid}")).json()
+            assert status["status"] == "completed"
+            done = await alice.post(f"/invocations/{iid}:resume", json={})
+            assert done.status_code == 409
+            assert done.json()["error"]["code"] == "invocation_completed"
+            async with alice.stream("GET", f"/invocations/{iid}/events") as r:
+                frames = await read_frames(r)
+            assert [f.event for f in frames if f.data["kind"] == "ended"][-1] == "ended"
+            assert len(terminal(frames)) == 1
+            assert "run_ended" in [f.event for f in frames]
+    assert deploys.deployed == ["api"]
