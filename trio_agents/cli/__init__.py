@@ -134,6 +134,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     srv.add_argument("--cors-origin", action="append", default=[], help="allow this origin")
     srv.add_argument("--max-active-per-user", type=int, default=8)
+    srv.add_argument(
+        "--lease-ttl",
+        type=float,
+        default=30.0,
+        help="seconds an invocation's lease lasts: how soon another instance may resume "
+        "the invocations of one that died (default 30)",
+    )
     args = parser.parse_args(argv)
     console = Console(highlight=False)
     try:
@@ -178,6 +185,7 @@ def _serve(console: Console, args: argparse.Namespace) -> int:
             insecure_dev=args.insecure_dev,
             cors_origins=args.cors_origin,
             max_active_per_user=args.max_active_per_user,
+            lease_ttl=args.lease_ttl,
         )
     )
     return 0

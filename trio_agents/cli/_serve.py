@@ -27,6 +27,7 @@ async def serve_agents(
     insecure_dev: bool,
     cors_origins: Sequence[str] = (),
     max_active_per_user: int = 8,
+    lease_ttl: float = 30.0,
 ) -> None:
     """Serve ``agents`` until SIGTERM or Ctrl-C.
 
@@ -34,7 +35,7 @@ async def serve_agents(
     cancels what runs here with reason ``shutdown``, and the runner stores every ending before
     the command exits.
     """
-    async with Runner(store, agents=agents) as runner:
+    async with Runner(store, agents=agents, lease_ttl=lease_ttl) as runner:
         app = create_app(
             agents,
             runner=runner,
