@@ -90,3 +90,29 @@ def test_load_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRIO_AGENTS_TOKENS", "abcdefgh1=al/ice")
     with pytest.raises(ta.UsageError, match="not a usable user id"):
         load_tokens()
+
+
+async def test_cors_is_off_unless_configured() -> None:
+    """No CORS headers by default; with cors_origins, a preflight from that origin is allowed
+    (with the Authorization header) and one from another origin is not."""
+    preflight = {
+        "Origin": "https://app.example",
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization,content-type",
+    }
+    async with ta.Runner() as runner:
+        async with open_server([make_agent()], runner=runner) as url, open_client(url) as c:
+            plain = await c.get("/list-apps", headers={"Origin": "https://app.example"})
+            assert plain.status_code == 200
+            assert "access-control-allow-origin" not in plain.headers
+        async with (
+            open_server([make_agent()], runner=runner, cors_origins=["https://app.example"]) as url,
+            open_client(url) as c,
+        ):
+            allowed = await c.options("/run_sse", headers=preflight)
+            assert allowed.status_code == 200
+            assert allowed.headers["access-control-allow-origin"] == "https://app.example"
+            assert "authorization" in allowed.headers["access-control-allow-headers"].lower()
+            other = await c.options("/run_sse", headers={**preflight, "Origin": "https://evil"})
+            assert other.status_code == 400
+            assert "access-control-allow-origin" not in other.headers

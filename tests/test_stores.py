@@ -28,6 +28,7 @@ from trio_agents import (
     CorruptRecordError,
     InvocationNotFound,
     LeaseError,
+    SessionBusy,
     SessionNotFound,
     StoreError,
     StoreUnavailableError,
@@ -485,6 +486,46 @@ async def test_sessions_create_and_get(case: StoreCase) -> None:
             await s.get_session("s2")
         with pytest.raises(TypeError):
             created.state["x"] = 1  # type: ignore[index]
+
+
+async def test_sessions_list_and_delete(case: StoreCase) -> None:
+    """A user's sessions list by id under a prefix (no entries, their last_seq); a session is
+    deleted with its entries, but not while an invocation runs on it."""
+    with trio.fail_after(10):
+        s = case.store
+        for sid, user in [("app/u1/b", "u1"), ("app/u1/a", "u1"), ("app/u2/a", "u2")]:
+            await s.create_session(sid, user_id=user)
+        await s.create_session("other/u1/c", user_id="u1", state={"k": 1})
+        await s.append_session_entry("app/u1/a", SessionEntry(seq=0, author="user"))
+        listed = await s.list_sessions(user_id="u1", prefix="app/")
+        assert [x.id for x in listed] == ["app/u1/a", "app/u1/b"]
+        assert (listed[0].entries, listed[0].last_seq, listed[0].user_id) == ((), 1, "u1")
+        assert [x.id for x in await s.list_sessions(user_id="u1")] == [
+            "app/u1/a",
+            "app/u1/b",
+            "other/u1/c",
+        ]
+        assert [x.id for x in await s.list_sessions(prefix="app/u2/")] == ["app/u2/a"]
+        assert [x.id for x in await s.list_sessions(prefix="app/", limit=1)] == ["app/u1/a"]
+        assert await s.list_sessions(prefix="app/u1/a%") == []  # no pattern characters
+        with pytest.raises(UsageError, match="limit must be"):
+            await s.list_sessions(limit=-1)
+
+        assert await s.delete_session("app/u1/a") is True
+        assert await s.delete_session("app/u1/a") is False
+        with pytest.raises(SessionNotFound):
+            await s.get_session("app/u1/a")
+        again = await s.create_session("app/u1/a", user_id="u1")
+        assert (again.entries, again.last_seq) == ((), 0)
+
+        lease = await s.create_invocation(record("i1", user_id="u1", session_id="app/u1/b"), ttl=30)
+        with pytest.raises(SessionBusy, match="nothing was deleted"):
+            await s.delete_session("app/u1/b")
+        assert (await s.get_session("app/u1/b")).id == "app/u1/b"
+        case.clock.advance(31)  # the lease lapsed: nobody runs it any more
+        assert await s.delete_session("app/u1/b") is True
+        assert lease.invocation_id == "i1"
+        assert (await s.get_invocation("i1")).session_id == "app/u1/b"  # the journal stays
 
 
 async def test_session_entries_fold_state_deltas(case: StoreCase) -> None:

@@ -488,6 +488,25 @@ class Store(Protocol):
         """
         ...
 
+    async def list_sessions(
+        self, *, user_id: str | None = None, prefix: str = "", limit: int = 100
+    ) -> list[Session]:
+        """Sessions whose id starts with ``prefix`` (of ``user_id`` only, if given), ordered
+        by id, at most ``limit``; each without its entries (``last_seq`` says how many).
+
+        Raises :class:`~trio_agents.UsageError` for a ``limit`` that is not an int >= 0.
+        """
+        ...
+
+    async def delete_session(self, session_id: str) -> bool:
+        """Delete the session and its entries; ``False`` if there was none.  Invocations of
+        the session keep their journals.
+
+        Raises :class:`~trio_agents.SessionBusy` (nothing deleted) while an invocation runs
+        on the session with a live lease.
+        """
+        ...
+
     async def append_session_entry(
         self, session_id: str, entry: SessionEntry, *, expect_last_seq: int | None = None
     ) -> Session:

@@ -47,11 +47,13 @@ __all__ = [
     "SESSION_ENTRY_VERSION",
     "apply_state_delta",
     "check_json_object",
+    "check_limit",
     "check_write",
     "decode_batch",
     "decode_entry",
     "decode_event_row",
     "decode_state",
+    "delete_busy",
     "encode_batch",
     "encode_entry",
     "encode_state",
@@ -160,6 +162,20 @@ def session_busy(session_id: str, running: str) -> SessionBusy:
         f"session {session_id!r} has invocation {running!r} running; wait for it to end or "
         "cancel it (or pass exclusive_session=False); nothing was written"
     )
+
+
+def delete_busy(session_id: str, running: str) -> SessionBusy:
+    """The error for deleting a session an invocation is running on."""
+    return SessionBusy(
+        f"session {session_id!r} has invocation {running!r} running; cancel it (or wait for "
+        "it to end) before deleting the session; nothing was deleted"
+    )
+
+
+def check_limit(limit: object) -> int:
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+        raise UsageError(f"limit must be an int >= 0, got {limit!r}")
+    return limit
 
 
 def next_entry(

@@ -126,6 +126,8 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
             PRIMARY KEY (invocation_id, gate_id)
         )""",
     ),
+    # 5: a user's sessions listed by id (the server's session routes).
+    ("CREATE INDEX sessions_by_user ON sessions (user_id, id)",),
 )
 
 _COLUMNS: Final = (

@@ -16,8 +16,10 @@ from ._base import JSON, Session, SessionEntry
 from ._records import (
     apply_state_delta,
     check_json_object,
+    check_limit,
     decode_entry,
     decode_state,
+    delete_busy,
     encode_entry,
     encode_state,
     next_entry,
@@ -30,8 +32,10 @@ __all__ = [
     "append_session_entry",
     "claim_session",
     "create_session",
+    "delete_session",
     "ensure_session",
     "get_session",
+    "list_sessions",
 ]
 
 
@@ -76,6 +80,45 @@ def claim_session(
     )
     if rows:
         raise session_busy(session_id, rows[0][0])
+
+
+def list_sessions(tx: Tx, user_id: str | None, prefix: str, limit: int) -> list[Session]:
+    check_limit(limit)
+    query = "SELECT id, user_id, state, created_at, updated_at, last_seq FROM sessions WHERE"
+    params: list[Any] = []
+    if user_id is not None:
+        query += " user_id = ? AND"
+        params.append(user_id)
+    # `id >= prefix` lets the index narrow the range; substr() keeps it exact in both dialects.
+    query += " id >= ? AND substr(id, 1, ?) = ? ORDER BY id LIMIT ?"
+    params += [prefix, len(prefix), prefix, limit]
+    return [
+        Session(
+            id=sid,
+            user_id=uid,
+            state=decode_state(state, session_id=sid),
+            created_at=float(created_at),
+            updated_at=float(updated_at),
+            last_seq=int(last_seq),
+        )
+        for sid, uid, state, created_at, updated_at, last_seq in tx.rows(query, params)
+    ]
+
+
+def delete_session(tx: Tx, session_id: str) -> bool:
+    rows = tx.rows(f"SELECT 1 FROM sessions WHERE id = ?{tx.for_update}", (session_id,))
+    if not rows:
+        return False
+    running = tx.rows(
+        "SELECT id FROM invocations WHERE session_id = ? AND status = 'running'"
+        " AND lease_expires_at > ? ORDER BY created_at, id LIMIT 1",
+        (session_id, tx.now()),
+    )
+    if running:
+        raise delete_busy(session_id, running[0][0])
+    tx.run("DELETE FROM session_entries WHERE session_id = ?", (session_id,))
+    tx.run("DELETE FROM sessions WHERE id = ?", (session_id,))
+    return True
 
 
 def _session_row(tx: Tx, session_id: str, lock: str = "") -> tuple[Any, ...]:

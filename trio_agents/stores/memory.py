@@ -43,7 +43,9 @@ from ._base import (
 from ._records import (
     apply_state_delta,
     check_json_object,
+    check_limit,
     check_write,
+    delete_busy,
     lease_held,
     lease_taken,
     merge_cancel,
@@ -468,6 +470,33 @@ class MemoryStore:
         )
         self._sessions[session.id] = session
         return session
+
+    async def list_sessions(
+        self, *, user_id: str | None = None, prefix: str = "", limit: int = 100
+    ) -> list[Session]:
+        await trio.lowlevel.checkpoint()
+        check_limit(limit)
+        found = sorted(
+            (
+                s
+                for sid, s in self._sessions.items()
+                if sid.startswith(prefix) and (user_id is None or s.user_id == user_id)
+            ),
+            key=lambda s: s.id,
+        )
+        return [_copy_session(attrs.evolve(s, entries=())) for s in found[:limit]]
+
+    async def delete_session(self, session_id: str) -> bool:
+        await trio.lowlevel.checkpoint()
+        if session_id not in self._sessions:
+            return False
+        now = self._clock()
+        for other in self._by_session.get(session_id, ()):
+            r = self._records[other]
+            if r.status == "running" and r.lease_expires_at > now:
+                raise delete_busy(session_id, other)
+        del self._sessions[session_id]
+        return True
 
     async def append_session_entry(
         self, session_id: str, entry: SessionEntry, *, expect_last_seq: int | None = None

@@ -471,6 +471,16 @@ class PostgresStore:
             )
         )
 
+    async def list_sessions(
+        self, *, user_id: str | None = None, prefix: str = "", limit: int = 100
+    ) -> list[Session]:
+        return await self._run(
+            partial(_sql_sessions.list_sessions, user_id=user_id, prefix=prefix, limit=limit)
+        )
+
+    async def delete_session(self, session_id: str) -> bool:
+        return await self._run(partial(_sql_sessions.delete_session, session_id=session_id))
+
     async def append_session_entry(
         self, session_id: str, entry: SessionEntry, *, expect_last_seq: int | None = None
     ) -> Session:

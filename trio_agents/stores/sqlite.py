@@ -448,6 +448,20 @@ class SQLiteStore:
             write=False,
         )
 
+    async def list_sessions(
+        self, *, user_id: str | None = None, prefix: str = "", limit: int = 100
+    ) -> list[Session]:
+        return await self._run(
+            partial(_sql_sessions.list_sessions, user_id=user_id, prefix=prefix, limit=limit),
+            write=False,
+        )
+
+    async def delete_session(self, session_id: str) -> bool:
+        return await self._run(
+            partial(_sql_sessions.delete_session, session_id=session_id),
+            write=True,
+        )
+
     async def append_session_entry(
         self, session_id: str, entry: SessionEntry, *, expect_last_seq: int | None = None
     ) -> Session:

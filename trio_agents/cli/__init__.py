@@ -2,6 +2,7 @@
 
 ``trio-agents demo``                      the offline demo (no API key, no network)
 ``trio-agents run module:agent "prompt"`` run an agent against a real endpoint; Ctrl-C cancels
+``trio-agents serve module:agent [...]``  the HTTP / SSE / WebSocket server (see trio_agents.server)
 
 A tool that requires approval is put to the person at the terminal (``y`` approves; anything
 else, or the end of stdin, declines).
@@ -14,17 +15,18 @@ import contextlib
 import importlib
 import signal
 import sys
+from functools import partial
 from pathlib import Path
 
 import trio
 from rich.console import Console
 from rich.markup import escape
 
-from ._exceptions import TrioAgentsError, UsageError
-from .agents import AgentLike
-from .agents._models import models_of
-from .events import ApprovalRequested, TextDelta, ToolCallFinished, ToolCallStarted
-from .runner import Outcome, Runner
+from .._exceptions import TrioAgentsError, UsageError
+from ..agents import AgentLike
+from ..agents._models import models_of
+from ..events import ApprovalRequested, TextDelta, ToolCallFinished, ToolCallStarted
+from ..runner import Outcome, Runner
 
 __all__ = ["main"]
 
@@ -114,14 +116,41 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("agent", help="module:attribute of an Agent (or workflow)")
     run.add_argument("prompt")
     run.add_argument("--store", default=DEFAULT_STORE, help=f"store URL (default {DEFAULT_STORE})")
+    srv = sub.add_parser("serve", help="serve agents over HTTP, SSE and WebSocket")
+    srv.add_argument("agents", nargs="+", help="module:attribute of each Agent (or workflow)")
+    srv.add_argument("--store", default=DEFAULT_STORE, help=f"store URL (default {DEFAULT_STORE})")
+    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--port", type=int, default=8000, help="0 takes a free port")
+    srv.add_argument(
+        "--tokens",
+        metavar="FILE",
+        help="bearer tokens: JSON {token: user} or lines 'token user' "
+        "(default: $TRIO_AGENTS_TOKENS, 'token=user,...')",
+    )
+    srv.add_argument(
+        "--insecure-dev",
+        action="store_true",
+        help="serve without tokens, on 127.0.0.1 only (every request is the user it names)",
+    )
+    srv.add_argument("--cors-origin", action="append", default=[], help="allow this origin")
+    srv.add_argument("--max-active-per-user", type=int, default=8)
+    srv.add_argument(
+        "--lease-ttl",
+        type=float,
+        default=30.0,
+        help="seconds an invocation's lease lasts: how soon another instance may resume "
+        "the invocations of one that died (default 30)",
+    )
     args = parser.parse_args(argv)
     console = Console(highlight=False)
     try:
         if args.command == "demo":
-            from ._demo import run_demo
+            from .._demo import run_demo
 
             outcome = trio.run(lambda: run_demo(console, store=args.store))
             return 0 if outcome.status == "cancelled" else 1
+        if args.command == "serve":
+            return _serve(console, args)
         agent = _load_agent(args.agent)
         outcome = trio.run(_run, console, agent, args.prompt, args.store)
     except TrioAgentsError as exc:
@@ -130,5 +159,33 @@ def main(argv: list[str] | None = None) -> int:
     return {"completed": 0, "cancelled": 130}.get(outcome.status, 1)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def _serve(console: Console, args: argparse.Namespace) -> int:
+    from ..server import load_tokens
+    from ..server._serve import LOOPBACK
+    from ._serve import serve_agents
+
+    agents = [_load_agent(spec) for spec in args.agents]
+    tokens = load_tokens(args.tokens)
+    if not tokens and not args.insecure_dev:
+        raise UsageError(
+            "no bearer tokens: give --tokens FILE or set $TRIO_AGENTS_TOKENS "
+            "('token=user,...'), or serve on 127.0.0.1 without them with --insecure-dev"
+        )
+    if args.insecure_dev and args.host not in LOOPBACK:
+        raise UsageError(f"--insecure-dev serves on 127.0.0.1 only, not on {args.host!r}")
+    trio.run(
+        partial(
+            serve_agents,
+            console,
+            agents,
+            store=args.store,
+            host=args.host,
+            port=args.port,
+            tokens=tokens,
+            insecure_dev=args.insecure_dev,
+            cors_origins=args.cors_origin,
+            max_active_per_user=args.max_active_per_user,
+            lease_ttl=args.lease_ttl,
+        )
+    )
+    return 0
