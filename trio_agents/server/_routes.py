@@ -11,9 +11,10 @@ from starlette.routing import BaseRoute
 
 from ._invocations import invocation_routes
 from ._runs import run_routes
+from ._sessions import session_routes
 
 __all__ = ["http_routes"]
 
 
 def http_routes() -> list[BaseRoute]:
-    return [*run_routes(), *invocation_routes()]
+    return [*session_routes(), *run_routes(), *invocation_routes()]
