@@ -16,7 +16,7 @@ from starlette.requests import HTTPConnection, Request
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
-from .._exceptions import InvocationNotFound, UsageError
+from .._exceptions import InvocationNotFound, TrioAgentsError, UsageError
 from ..agents import AgentLike
 from ..runner import Runner
 from ..stores import InvocationRecord
@@ -259,8 +259,11 @@ def create_app(
         routes=routes,
         middleware=middleware,
         exception_handlers={
+            # The library's errors are answers (404, 409, ...), handled like ApiError; only an
+            # unexpected exception reaches the `Exception` handler (a 500, logged).
             Exception: handle_api_error,
             ApiError: handle_api_error,
+            TrioAgentsError: handle_api_error,
             HTTPException: _http_error,
         },
     )

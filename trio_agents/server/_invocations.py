@@ -25,10 +25,12 @@ Approvals
     fail the tool's validation 422 ``invalid_arguments``.
 
 Resume (``POST /invocations/{id}:resume``, body ``{"wait": false}``)
-    Continues a paused, cancelled or failed invocation in this process (under the user's
-    admission: 429 at their limit); 202 with ``Location`` at once, or with ``"wait": true``
-    the outcome and events of this run, like ``/run``.  A running invocation is 409
-    ``invocation_running``, a completed one 409 ``invocation_completed``.
+    Continues a paused, cancelled or failed invocation in this process, or a running one
+    whose process died once its lease has lapsed (under the user's admission: 429 at their
+    limit); 202 with ``Location`` at once, or with ``"wait": true`` the outcome and events of
+    this run, like ``/run``.  An invocation running here is 409 ``invocation_running``, one
+    whose lease another process holds 409 ``lease_held``, a completed one 409
+    ``invocation_completed``.
 """
 
 from __future__ import annotations
@@ -261,8 +263,8 @@ async def resume(request: Request) -> Response:
     state, user, record = await _record(request)
     body = await state.read_json(request)
     wait = get_bool(body, "wait", default=False)
-    if record.status == "running":
-        raise ApiError(409, "invocation_running", f"invocation {record.id!r} is running")
+    if state.runner.is_active(record.id):
+        raise ApiError(409, "invocation_running", f"invocation {record.id!r} is running here")
     if record.status == "completed":
         raise ApiError(
             409, "invocation_completed", f"invocation {record.id!r} completed; nothing to resume"
@@ -270,6 +272,8 @@ async def resume(request: Request) -> Response:
     agent = state.agent(record.agent)
     after = record.head
     async with state.admit(user):
+        # A "running" record whose owner died is resumable once its lease lapses: the store
+        # decides (LeaseError, 409 lease_held, while another process holds it).
         await state.runner.resume(record.id, agent=agent)
     if not wait:
         return JSONResponse(
