@@ -260,8 +260,8 @@ async def test_an_instance_killed_mid_run_is_resumed_by_another(store_url: str) 
                 await a.process.wait()
             resumed = await resume_when_free(cb, invocation_id)
             assert resumed.status_code in (200, 202), resumed.text
-            frames = await follow_to_end(cb, invocation_id)
-        ended = [f for f in frames if f.event == "ended"]
+            followed = await follow_to_end(cb, invocation_id)
+        ended = [f for f in followed if f.event == "ended"]
         assert len(ended) == 1
         assert ended[0].data["status"] == "completed"
         assert ended[0].data["output"].endswith("resumed answer")
