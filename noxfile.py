@@ -38,6 +38,7 @@ def bench(session: nox.Session) -> None:
         "flat_costs",
         "turnloop",
         "parked",
+        "server",
     ):
         session.run("python", "-m", f"benchmarks.{script}", *session.posargs)
 

@@ -43,6 +43,15 @@ EXPECTED = {
         r"bare cancel floor: p50 [\d.]+ p99 [\d.]+ ms \(\d+ cancels\)",
         r"loop.send\(\) -> old stream's disconnect: p50 [\d.]+ p99 [\d.]+ ms \(\d+ preemptions\)",
     ],
+    "server": [
+        r"bare: client disconnects +[\d.]+ / +[\d.]+ / +[\d.]+",
+        r"trio_agents: cancel endpoint, model disconnect +[\d.]+ /",
+        r"trio_agents: cancel endpoint, its answer +[\d.]+ /",
+        r"trio_agents: disconnect, on_disconnect=cancel +[\d.]+ /",
+        r"bare +\d+ events/s +server CPU +[\d.]+ us/event",
+        r"trio_agents +\d+ events/s +server CPU +[\d.]+ us/event",
+        r"trio_agents +-?[\d.]+ KiB per stream \(server RSS\)",
+    ],
     "parked": [
         r"memory per parked invocation: [\d.]+ KiB Python \(RSS -?[\d.]+ KiB\)",
         r"start: [\d.]+ s \([\d.]+ us/start\)",
