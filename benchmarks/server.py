@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
@@ -267,6 +268,29 @@ async def streams_part(
     }
 
 
+async def two_instances_part(
+    model_url: str, a: tuple[str, int], b: tuple[str, int], rounds: int
+) -> dict[str, Any]:
+    """The run on A, the cancel sent to B (PostgreSQL carries it: LISTEN/NOTIFY)."""
+    limits = httpx2.Limits(max_connections=None, max_keepalive_connections=100)
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with httpx2.AsyncClient(timeout=120, limits=limits, headers=headers) as client:
+        records = Records(client, model_url)
+        for _ in range(3):
+            await cancel_by_endpoint(client, a[0], b[0])
+        cancels, answers = [], []
+        for _ in range(rounds):
+            tag, at, answer_ms = await cancel_by_endpoint(client, a[0], b[0])
+            cancels.append((tag, at))
+            answers.append(answer_ms)
+        return {
+            "two instances: cancel via B, model disconnect": percentiles(
+                await records.disconnect_ms(cancels)
+            ),
+            "two instances: cancel via B, its answer": percentiles(answers),
+        }
+
+
 async def measure(
     args: argparse.Namespace, model_url: str, our: tuple[str, int], bare_side: tuple[str, int]
 ) -> dict[str, Any]:
@@ -317,6 +341,9 @@ def main() -> None:
     parser.add_argument("--burst", type=int, default=2000)
     parser.add_argument("--streams", type=int, default=1000)
     parser.add_argument("--store", help="the server's store (default: SQLite in a temp dir)")
+    parser.add_argument(
+        "--pg", metavar="URL", help="also measure a cancel across two instances on this PostgreSQL"
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run")
     args = parser.parse_args()
     if args.quick:
@@ -330,6 +357,23 @@ def main() -> None:
             bare(model_url) as bare_side,
         ):
             results = trio.run(measure, args, model_url, our, bare_side)
+        if args.pg:
+            schema = f"bench_{uuid.uuid4().hex[:12]}"
+            pg_store = f"{args.pg}?schema={schema}"
+            try:
+                with (
+                    server_process() as model_url,
+                    ours(model_url, pg_store) as a,
+                    ours(model_url, pg_store) as b,
+                ):
+                    results["cancel"].update(
+                        trio.run(two_instances_part, model_url, a, b, args.rounds)
+                    )
+            finally:
+                import psycopg
+
+                with psycopg.connect(args.pg, autocommit=True) as conn:
+                    conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
     report(results, args)
 
 
