@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import trio_agents as ta
 
 PUBLIC = {
@@ -22,7 +24,14 @@ def test_public_names_are_pinned() -> None:
     exported = {name for name in vars(ta) if not name.startswith("_")}
     # submodules bound by import
     exported -= {"agents", "approvals", "hooks", "messages", "runner", "tools", "turnloop"}
-    assert exported == PUBLIC | ({"testing"} & exported)
+    assert exported == PUBLIC | ({"testing", "server", "cli"} & exported)
+
+
+def test_the_server_loads_on_first_use() -> None:
+    """``ta.server`` works after ``import trio_agents`` alone (imported on first use)."""
+    assert ta.server.create_app.__module__ == "trio_agents.server._app"
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        _ = ta.nope
 
 
 def test_every_error_is_in_the_tree() -> None:

@@ -5,6 +5,8 @@ model's HTTP stream, cancels its tools, and ends it exactly once; what happened 
 is journaled and resumable in any process.
 """
 
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+
 from . import events as events
 from . import models as models
 from . import stores as stores
@@ -63,3 +65,16 @@ from .turnloop import Preempt as Preempt
 from .turnloop import TurnLoop as TurnLoop
 
 __version__ = "0.1.0.dev0"
+
+if _TYPE_CHECKING:
+    from . import server as server
+
+
+def __getattr__(name: str) -> object:
+    # `ta.server` is imported on first use: the web stack (Starlette, Hypercorn) is not
+    # loaded by programs that never serve.
+    if name == "server":
+        import importlib
+
+        return importlib.import_module(".server", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
