@@ -84,7 +84,9 @@ async def until_closed(ws: WebSocketConnection) -> tuple[list[Frame], int | None
         while True:
             frames.append(await receive(ws))
     except ConnectionClosed as exc:
-        return frames, exc.reason.code, exc.reason.reason or ""
+        reason = exc.reason
+    assert reason is not None
+    return frames, reason.code, reason.reason or ""
 
 
 def kind(name: str, **fields: Any) -> Callable[[Frame], bool]:
