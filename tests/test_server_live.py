@@ -472,3 +472,22 @@ async def test_shutdown_closes_the_socket_with_1001() -> None:
             assert await stored_status(runner, turn_id) == "cancelled"
     ends = [f for f in frames if turn_ended(f)]
     assert [(e["status"], e["reason"]) for e in ends] == [("cancelled", "shutdown")]
+
+
+async def test_a_conversation_open_in_another_process_is_refused() -> None:
+    """Another runner (another process) holds the conversation's loop: 409, ``lease_held``.
+    Once it closes, the socket opens the conversation."""
+    store = ta.stores.MemoryStore()
+    with trio.fail_after(30):
+        async with (
+            ta.Runner(store, owner="a") as here,
+            ta.Runner(store, owner="b") as elsewhere,
+            open_live_server([scripted()], here) as (url, _),
+        ):
+            async with elsewhere.open_turn_loop(scripted(), session_id="helper/alice/s1") as loop:
+                status, error = await refused(url)
+                assert (status, error["code"]) == (409, "lease_held")
+                assert "open elsewhere" in error["message"]
+                loop.stop()
+            async with open_live(url) as ws:
+                assert (await receive(ws))["type"] == "ready"
