@@ -79,6 +79,8 @@ class ServerState:
         self.live_send_queue = live_send_queue
         self.loops: set[TurnLoop] = set()  # the live conversations open here
         self.shutting_down = False
+        self.shutdown_started = trio.Event()  # set by begin_shutdown: live sockets end
+        self.live_queue_peak = 0  # the most frames a /run_live socket has had waiting
         self._admitting: dict[str, trio.Lock] = {}
 
     # ---- who, what ---------------------------------------------------------------------------
@@ -172,6 +174,7 @@ class ServerState:
         """Refuse new work, and cancel every invocation and live conversation running here
         (journaled with ``reason``, so another instance can resume them)."""
         self.shutting_down = True
+        self.shutdown_started.set()
         for loop in list(self.loops):
             loop.stop("immediate", reason=reason)
         self.runner.cancel_all("immediate", reason=reason)

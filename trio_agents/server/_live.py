@@ -1,11 +1,519 @@
-"""``WS /run_live``: a live conversation over one WebSocket, driven by a TurnLoop."""
+"""``WS /run_live``: a live conversation over one WebSocket, driven by a TurnLoop.
+
+Opening
+    ``WS /run_live?app_name=ops&user_id=alice&session_id=s1`` (ADK's names; ``app``, ``user``
+    and ``session`` work too), with ``Authorization: Bearer <token>`` or ``?token=<token>``
+    (a browser cannot set headers on a WebSocket).  ``policy`` is what a message sent
+    mid-turn does: ``preempt`` (the default: a person talking interrupts the agent),
+    ``queue`` or ``coalesce``.  ``after`` is a cursor (a frame's ``"cursor"``) to resume the
+    event stream from; without it the stream starts at this opening of the conversation
+    (``after=0`` replays it all).  The session is created if missing.
+
+    A request that cannot be served is refused before the upgrade with the server's JSON error
+    body (401 no or bad token, 404 unknown app or another user's session, 400 bad parameters,
+    409 the conversation is open in another process, 503 shutting down).  A server without
+    the denial-response extension accepts, then closes with ``4000 + status``.
+
+    A conversation is driven by one socket at a time.  A second socket of the same user on the
+    same conversation in this process takes it over: the first is closed with code 4409 and
+    its turn cancelled (a client that reconnects after a network blip is not locked out by a
+    socket the server has not yet seen die).  Open in another process, it is refused (409).
+
+Frames
+    The client sends JSON text frames: ``{"type": "message", "text": ...}``,
+    ``{"type": "cancel", "mode": "immediate", "reason": ..., "grace": ...}`` (the current
+    turn), ``{"type": "decide", "invocation_id": ..., "approval_id": ..., "approved": true,
+    "reason": ..., "arguments": {...}}``, ``{"type": "ping"}`` and ``{"type": "stop", "mode":
+    "after_turn"}`` (end the conversation: the socket closes with 1000 once the loop ended).
+    A frame that cannot be understood is answered ``{"type": "error", "code": ..., "message":
+    ...}`` and the socket stays open.
+
+    The server sends ``{"type": "ready", "session_id": ..., "cursor": ...}`` once the loop is
+    open, then every event of the loop (its own and each turn's) as ``{"type": "event",
+    **events.to_dict(event), "cursor": ...}``; ``cursor`` resumes the stream on a new socket
+    (``?after=``).  Besides: ``accepted`` (``seq``: a message is journaled; its
+    ``message_received`` event comes after the turn it arrived during), ``pong``,
+    ``decided`` (``recorded``: whether this decision stood) and ``error`` frames.
+
+Who owns what
+    The handler owns one nursery.  In it run a writer (a bounded memory channel of
+    ``live_send_queue`` frames to the socket) and a follower (the loop's events into the
+    channel).  The handler opens the TurnLoop itself and, in the loop's block, reads the
+    client's frames.  The follower waits for room in the queue at most
+    ``SLOW_CLIENT_GRACE`` seconds (a replay from the store fills any queue faster than a
+    socket drains it); a queue that stays full means the client fell behind: the socket is
+    closed with 1008 and the frames still queued are dropped.  Memory never grows with a
+    slow client: the queue is bounded, and the loop's event stream holds at most one page.
+    The follower and writer live outside the loop's block because the loop's event stream
+    ends only when the loop has ended.
+
+What happens on cancel
+    The client closing the socket, a ``stop`` frame, a client that fell behind, a takeover or
+    the server shutting down stops the loop (``immediate``, except ``stop``'s mode): the live
+    turn ends ``cancelled`` and its model stream is closed.  Then the loop's last events
+    (its ``ended``) are sent and the socket is closed with the code that says why.  A loop
+    stopped by someone else (``runner.request_cancel("loop:...")``, a lost lease) ends the
+    socket at the client's next message.
+
+What is persisted first
+    A message is journaled before the loop acts on it (``TurnLoop.send``); a decision is
+    recorded before ``decided`` is sent.  Nothing is lost with the socket: messages not yet
+    answered stay pending and the next socket's loop answers them.
+"""
 
 from __future__ import annotations
 
-from starlette.routing import BaseRoute
+import contextlib
+import json
+import logging
+import re
+import weakref
+from collections.abc import Mapping
+from typing import Any, Final, cast
+
+import trio
+from starlette.routing import BaseRoute, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from .._exceptions import LeaseError, SessionNotFound, UsageError
+from ..agents import AgentLike
+from ..events import CancelMode, check_cancel_mode, to_dict
+from ..stores import Store
+from ..turnloop import LoopEventStream, PolicyDecision, TurnLoop
+from ._app import ServerState, session_key
+from ._auth import check_id
+from ._errors import ApiError, error_response, from_library_error
 
 __all__ = ["live_routes"]
 
+logger = logging.getLogger("trio_agents.server")
+
+Frame = dict[str, Any]
+
+POLICIES: Final[dict[str, PolicyDecision]] = {
+    "preempt": "preempt",
+    "queue": "queue",
+    "coalesce": "coalesce",
+}
+DRAIN_TIMEOUT: Final = 5.0
+"""Once the loop has ended, the longest its last events take to reach the send queue."""
+SLOW_CLIENT_GRACE: Final = 2.0
+"""How long the send queue may stay full before the client is judged too slow (1008)."""
+HANDOVER_TIMEOUT: Final = 10.0
+"""The longest a socket taking a conversation over waits for the previous one's loop."""
+
+_CURSOR = re.compile(r"[0-9]{1,18}(/[0-9]{1,18}(\.[0-9]{1,9})?)?")
+
+# The conversations open here, per app, by store session id.
+_open: weakref.WeakKeyDictionary[ServerState, dict[str, _Conversation]] = (
+    weakref.WeakKeyDictionary()
+)
+
 
 def live_routes() -> list[BaseRoute]:
-    return []
+    return [WebSocketRoute("/run_live", _run_live, name="run_live")]
+
+
+class _Request:
+    """What the socket's URL and headers ask for, checked."""
+
+    def __init__(self, websocket: WebSocket, state: ServerState) -> None:
+        query = websocket.query_params
+
+        def param(*names: str) -> str | None:
+            for name in names:
+                value = query.get(name)
+                if value is not None:
+                    return value
+            return None
+
+        authorization = websocket.headers.get("authorization")
+        token = query.get("token")
+        if not authorization and token:
+            authorization = f"Bearer {token}"
+        claimed = param("user_id", "user")
+        self.user = state.auth.user(authorization, claimed=claimed)
+        if claimed is not None and claimed != self.user:
+            raise ApiError(404, "session_not_found", f"no session of user {claimed!r} here")
+        app = param("app_name", "app")
+        if app is None:
+            raise ApiError(400, "bad_request", "name the app: ?app_name=<agent name>")
+        self.app = check_id(app, "app_name")
+        self.agent: AgentLike = state.agent(self.app)
+        session = param("session_id", "session")
+        if session is None:
+            raise ApiError(400, "bad_request", "name the conversation: ?session_id=<id>")
+        self.session = check_id(session, "session_id")
+        self.key = session_key(self.app, self.user, self.session)
+        policy = param("policy") or "preempt"
+        if policy not in POLICIES:
+            raise ApiError(
+                400, "bad_request", f"policy must be one of {', '.join(POLICIES)}, got {policy!r}"
+            )
+        self.policy_name = policy
+        self.policy = POLICIES[policy]
+        self.after = param("after")
+        if self.after is not None and not _CURSOR.fullmatch(self.after):
+            raise ApiError(
+                400,
+                "bad_request",
+                f"after must be a cursor from a frame ('12' or '12/41.3'), got {self.after!r}",
+            )
+
+
+async def _run_live(websocket: WebSocket) -> None:
+    state: ServerState = websocket.app.state.trio_agents
+    try:
+        if state.shutting_down:
+            raise ApiError(
+                503, "shutting_down", "the server is shutting down", headers={"Retry-After": "1"}
+            )
+        request = _Request(websocket, state)
+        await _ensure_session(state.runner.store, request.key, request.user)
+    except Exception as exc:
+        await _refuse(websocket, from_library_error(exc))
+        return
+    conversation = _Conversation(websocket, state, request)
+    open_here = _open.setdefault(state, {})
+    with trio.move_on_after(HANDOVER_TIMEOUT):
+        while (previous := open_here.get(request.key)) is not None:
+            previous.end(4409, "another socket took this conversation over", "taken over")
+            await previous.loop_done.wait()
+    if request.key in open_here:
+        await _refuse(websocket, ApiError(409, "session_busy", "the conversation is still open"))
+        return
+    open_here[request.key] = conversation
+    try:
+        await conversation.run()
+    finally:
+        if open_here.get(request.key) is conversation:
+            del open_here[request.key]
+        conversation.loop_done.set()
+    if conversation.refusal is not None:
+        await _refuse(websocket, conversation.refusal)
+
+
+async def _ensure_session(store: Store, key: str, user: str) -> None:
+    try:
+        await store.get_session(key, limit=1)
+    except SessionNotFound:
+        with contextlib.suppress(UsageError):  # created meanwhile
+            await store.create_session(key, user_id=user)
+
+
+async def _refuse(websocket: WebSocket, error: ApiError) -> None:
+    """Deny the upgrade with the JSON error body (or, without the ASGI denial-response
+    extension, accept and close with ``4000 + status``)."""
+    if error.status >= 500 and error.code == "internal_error":
+        logger.error("/run_live refused: %s", error.message)
+    if "websocket.http.response" in websocket.scope.get("extensions", {}):
+        await websocket.send_denial_response(error_response(error))
+    else:
+        await websocket.accept()
+        await websocket.close(4000 + error.status, _reason(error.message))
+
+
+def _reason(text: str) -> str:
+    """A close reason fits in 123 bytes of UTF-8."""
+    data = text.encode()
+    if len(data) <= 123:
+        return text
+    return data[:120].decode(errors="ignore") + "..."
+
+
+def _error(code: str, message: str) -> Frame:
+    return {"type": "error", "code": code, "message": message}
+
+
+class _BadFrame(Exception):
+    pass
+
+
+def _get(
+    frame: Frame, name: str, kinds: type | tuple[type, ...], what: str, *, required: bool = False
+) -> Any:
+    value = frame.get(name)
+    if value is None:
+        if required:
+            raise _BadFrame(f"a {frame['type']!r} frame needs {name!r} ({what})")
+        return None
+    if isinstance(value, bool) and bool not in (kinds if isinstance(kinds, tuple) else (kinds,)):
+        raise _BadFrame(f"{name!r} must be {what}, got {value!r}")
+    if not isinstance(value, kinds):
+        raise _BadFrame(f"{name!r} must be {what}, got {type(value).__name__}")
+    return value
+
+
+def _mode(frame: Frame, default: CancelMode) -> CancelMode:
+    mode = _get(frame, "mode", str, "a cancel mode") or default
+    try:
+        return check_cancel_mode(mode)
+    except UsageError as exc:
+        raise _BadFrame(str(exc)) from None
+
+
+class _Conversation:
+    """One socket's conversation: see the module docstring."""
+
+    def __init__(self, websocket: WebSocket, state: ServerState, request: _Request) -> None:
+        self.websocket = websocket
+        self.state = state
+        self.request = request
+        self.refusal: ApiError | None = None
+        self.close_code = 1000
+        self.close_reason = "the conversation ended"
+        self.stop_mode: CancelMode = "immediate"
+        self.stop_reason = "the socket closed"
+        self.ending = False
+        self.client_gone = False
+        self.overflowed = False
+        self.body = trio.CancelScope()  # reading the client's frames, in the loop's block
+        self.follow_scope = trio.CancelScope()
+        self.loop_done = trio.Event()  # the loop's block has exited: its end is stored
+
+    def end(
+        self, code: int, reason: str, stop_reason: str, *, mode: CancelMode = "immediate"
+    ) -> None:
+        """End the conversation: stop the loop (``mode``, ``stop_reason``), then close the
+        socket with ``code`` and ``reason``.  The first call decides."""
+        if not self.ending:
+            self.ending = True
+            self.close_code, self.close_reason = code, reason
+            self.stop_mode, self.stop_reason = mode, stop_reason
+        self.body.cancel()
+
+    async def run(self) -> None:
+        state, request = self.state, self.request
+        send, receive = trio.open_memory_channel[Frame](state.live_send_queue)
+        opened = False
+        async with trio.open_nursery() as nursery:
+            try:
+                async with state.runner.open_turn_loop(
+                    request.agent,
+                    session_id=request.key,
+                    user_id=request.user,
+                    policy=request.policy,
+                ) as loop:
+                    opened = True
+                    state.loops.add(loop)
+                    try:
+                        await self._converse(loop, nursery, send, receive)
+                    finally:
+                        state.loops.discard(loop)
+                        loop.stop(self.stop_mode, reason=self.stop_reason)
+            except Exception as exc:
+                if not opened:  # the conversation is open in another process
+                    self.refusal = from_library_error(exc)
+                else:
+                    logger.exception("/run_live %s ended with an error", request.key)
+                    self.end(1011, f"the conversation failed: {type(exc).__name__}", "failed")
+            finally:
+                self.loop_done.set()
+                self.follow_scope.deadline = min(
+                    self.follow_scope.deadline, trio.current_time() + DRAIN_TIMEOUT
+                )
+
+    async def _converse(
+        self,
+        loop: TurnLoop,
+        nursery: trio.Nursery,
+        send: trio.MemorySendChannel[Frame],
+        receive: trio.MemoryReceiveChannel[Frame],
+    ) -> None:
+        request = self.request
+        await self.websocket.accept()
+        nursery.start_soon(self._write, receive, name="run_live writer")
+        after = request.after if request.after is not None else str(loop.recorder.origin[0])
+        await self._put(
+            send,
+            {
+                "type": "ready",
+                "app_name": request.app,
+                "user_id": request.user,
+                "session_id": request.session,
+                "policy": request.policy_name,
+                "cursor": after,
+            },
+        )
+        nursery.start_soon(self._follow, loop.events(after=after), send, name="run_live follower")
+        with self.body:
+            async with trio.open_nursery() as body:
+                body.start_soon(self._read, loop, send.clone())
+                body.start_soon(self._watch_shutdown)
+
+    async def _watch_shutdown(self) -> None:
+        await self.state.shutdown_started.wait()
+        self.end(1001, "the server is shutting down", "shutdown")
+
+    # ---- the server's frames ---------------------------------------------------------------
+
+    async def _put(self, send: trio.MemorySendChannel[Frame], frame: Frame) -> bool:
+        """Queue ``frame`` for the writer; ``False`` if it cannot be: the queue stayed full for
+        ``SLOW_CLIENT_GRACE`` seconds (the client fell behind: the conversation ends), or
+        the writer is gone."""
+        try:
+            send.send_nowait(frame)
+        except trio.WouldBlock:
+            # A reading client drains a full queue at network speed (a replay from the store
+            # fills it faster than any socket): wait a little, never more than one frame.
+            with trio.move_on_after(SLOW_CLIENT_GRACE):
+                try:
+                    await send.send(frame)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return False
+                return self._sent(send)
+            bound = self.state.live_send_queue
+            self.overflowed = True
+            self.end(
+                1008,
+                f"too slow: {bound} frames were waiting to be sent; resume with ?after=cursor",
+                f"the client fell behind (more than {bound} frames waiting)",
+            )
+            return False
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return False
+        return self._sent(send)
+
+    def _sent(self, send: trio.MemorySendChannel[Frame]) -> bool:
+        used = send.statistics().current_buffer_used
+        if used > self.state.live_queue_peak:
+            self.state.live_queue_peak = used
+        return True
+
+    async def _follow(self, stream: LoopEventStream, send: trio.MemorySendChannel[Frame]) -> None:
+        """The loop's events into the send queue, until the loop has ended."""
+        with send, self.follow_scope:
+            try:
+                async for event in stream:
+                    frame = {"type": "event", **to_dict(event), "cursor": stream.cursor}
+                    if not await self._put(send, frame):
+                        return
+            except UsageError as exc:  # ?after= names no place in this conversation
+                await self._put(send, _error("bad_cursor", str(exc)))
+                self.end(4400, "bad cursor", "the client's cursor was bad")
+            except Exception as exc:
+                logger.exception("/run_live %s: the event stream failed", self.request.key)
+                self.end(1011, f"the event stream failed: {type(exc).__name__}", "failed")
+
+    async def _write(self, receive: trio.MemoryReceiveChannel[Frame]) -> None:
+        """Send the queued frames, then (once the loop has ended) close the socket."""
+        with receive:
+            async for frame in receive:
+                if self.client_gone or self.overflowed:
+                    continue  # drained, so the follower never blocks
+                try:
+                    await self.websocket.send_text(
+                        json.dumps(frame, separators=(",", ":"), ensure_ascii=False)
+                    )
+                except (WebSocketDisconnect, RuntimeError):
+                    self.client_gone = True
+        await self.loop_done.wait()
+        if not self.client_gone:
+            with contextlib.suppress(WebSocketDisconnect, RuntimeError):
+                await self.websocket.close(self.close_code, _reason(self.close_reason))
+
+    # ---- the client's frames ---------------------------------------------------------------
+
+    async def _read(self, loop: TurnLoop, send: trio.MemorySendChannel[Frame]) -> None:
+        with send:
+            while True:
+                message = await self.websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    self.client_gone = True
+                    self.end(1000, "the client closed the socket", "the socket closed")
+                    return
+                reply = await self._answer(loop, message)
+                if reply is not None and not await self._put(send, reply):
+                    return
+
+    async def _answer(self, loop: TurnLoop, message: Mapping[str, Any]) -> Frame | None:
+        text = message.get("text")
+        if not isinstance(text, str):
+            return _error("bad_frame", "send JSON text frames; binary frames are not understood")
+        try:
+            frame = json.loads(text)
+        except ValueError as exc:
+            return _error("malformed_json", f"the frame is not valid JSON: {exc}")
+        if not isinstance(frame, dict):
+            return _error("bad_frame", f"a frame must be a JSON object, got {type(frame).__name__}")
+        kind = frame.get("type")
+        handlers = {
+            "message": self._message,
+            "cancel": self._cancel,
+            "decide": self._decide,
+            "ping": self._ping,
+            "stop": self._stop,
+        }
+        handler = handlers.get(kind) if isinstance(kind, str) else None
+        if handler is None:
+            return _error(
+                "unknown_type",
+                f"unknown frame type {kind!r}; send one of {', '.join(sorted(handlers))}",
+            )
+        try:
+            return await handler(loop, cast(Frame, frame))
+        except _BadFrame as exc:
+            return _error("bad_frame", str(exc))
+        except Exception as exc:
+            error = from_library_error(exc)
+            if error.code == "internal_error":
+                logger.exception("/run_live %s: a %r frame failed", self.request.key, kind)
+            return _error(error.code, error.message)
+
+    async def _message(self, loop: TurnLoop, frame: Frame) -> Frame | None:
+        text = _get(frame, "text", str, "a str", required=True)
+        if not text.strip():
+            raise _BadFrame("'text' must not be empty")
+        try:
+            message = await loop.send(text, user_id=self.request.user)
+        except (UsageError, LeaseError) as exc:  # stopped (by whoever) or taken elsewhere
+            self.end(1000, "the conversation was stopped", str(exc))
+            return _error("conversation_stopped", str(exc))
+        # Journaled.  Its message_received event may come only after the turn running now.
+        return {"type": "accepted", "seq": message.seq}
+
+    async def _cancel(self, loop: TurnLoop, frame: Frame) -> Frame | None:
+        mode = _mode(frame, "immediate")
+        reason = _get(frame, "reason", str, "a str")
+        grace = _get(frame, "grace", (int, float), "a number of seconds")
+        if not loop.cancel_turn(mode, reason=reason or "cancelled by the client", grace=grace):
+            return _error("no_turn", "no turn is running")
+        return None  # the turn's ended event follows
+
+    async def _decide(self, loop: TurnLoop, frame: Frame) -> Frame | None:
+        invocation_id = _get(frame, "invocation_id", str, "a str", required=True)
+        approval_id = _get(frame, "approval_id", str, "a str", required=True)
+        approved = _get(frame, "approved", bool, "true or false", required=True)
+        reason = _get(frame, "reason", str, "a str")
+        arguments = _get(frame, "arguments", (dict, str), "an object or JSON text")
+        record = await self.state.invocation(invocation_id, self.request.user)
+        if record.session_id != self.request.key:
+            raise ApiError(
+                404, "invocation_not_found", f"no invocation {invocation_id!r} in this conversation"
+            )
+        recorded = await self.state.runner.decide(
+            invocation_id,
+            approval_id,
+            approved=approved,
+            reason=reason,
+            by=self.request.user,
+            arguments=arguments,
+        )
+        return {
+            "type": "decided",
+            "invocation_id": invocation_id,
+            "approval_id": approval_id,
+            "approved": approved,
+            "recorded": recorded,
+        }
+
+    async def _ping(self, loop: TurnLoop, frame: Frame) -> Frame | None:
+        await trio.lowlevel.checkpoint()
+        return {"type": "pong"}
+
+    async def _stop(self, loop: TurnLoop, frame: Frame) -> Frame | None:
+        mode = _mode(frame, "after_turn")
+        reason = _get(frame, "reason", str, "a str") or "stopped by the client"
+        await trio.lowlevel.checkpoint()
+        self.end(1000, "the client stopped the conversation", reason, mode=mode)
+        return None
