@@ -491,3 +491,27 @@ async def test_a_conversation_open_in_another_process_is_refused() -> None:
                 loop.stop()
             async with open_live(url) as ws:
                 assert (await receive(ws))["type"] == "ready"
+
+
+async def test_a_loop_stopped_elsewhere_closes_the_socket_at_once() -> None:
+    """``request_cancel("loop:...")`` from another runner on the same store stops the loop;
+    the socket closes (1000) without waiting for the client's next frame, and the turn ends
+    ``cancelled`` with that reason."""
+    store = ta.stores.MemoryStore()
+    agent = scripted(ScriptedTurn.text("z " * 200, pieces=200, delay=0.1))
+    with trio.fail_after(30):
+        async with (
+            ta.Runner(store, cancel_poll_interval=0.1) as runner,
+            ta.Runner(store) as other,
+            open_live_server([agent], runner) as (url, _),
+            open_live(url) as ws,
+        ):
+            await receive(ws)
+            await ws.send_message(json.dumps({"type": "message", "text": "go"}))
+            turn_id = (await until(ws, kind("text_delta")))[-1]["invocation_id"]
+            assert await other.request_cancel("loop:helper/alice/s1", reason="closed by support")
+            frames, code, reason = await until_closed(ws)
+            assert (code, reason) == (1000, "the conversation was stopped")
+            assert await stored_status(runner, turn_id) == "cancelled"
+    ends = [f for f in frames if turn_ended(f)]
+    assert [e["reason"] for e in ends] == ["closed by support"]

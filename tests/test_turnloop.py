@@ -799,8 +799,21 @@ async def test_request_cancel_stops_a_loop_open_in_another_runner(autojump_clock
             await loop.send("slow one")
             await reach("mid_stream", loop)
             await loop.send("quick two")
-            assert await other.request_cancel(LOOP, reason="closed by support")
+            async with trio.open_nursery() as nursery:
+                stopped = trio.Event()
+
+                async def watch() -> None:
+                    await loop.wait_stopped()
+                    stopped.set()
+
+                nursery.start_soon(watch)
+                await trio.sleep(1)
+                assert not stopped.is_set()  # a running loop is not stopped
+                assert await other.request_cancel(LOOP, reason="closed by support")
+                with trio.fail_after(5):
+                    await stopped.wait()  # the watcher's wake-up: a cancel through the store
             with trio.fail_after(5):
+                await loop.wait_stopped()  # stopped already: at once
                 await loop.idle()
             with pytest.raises(ta.UsageError, match="stopped"):
                 await loop.send("more")

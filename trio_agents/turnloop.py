@@ -275,6 +275,15 @@ class TurnLoop:
             await self._lot.park()
         await trio.lowlevel.checkpoint()
 
+    async def wait_stopped(self) -> None:
+        """Wait until the loop is stopped: by :meth:`stop`, by a cancel through the store
+        (``runner.request_cancel("loop:<session>")``), by a lost lease, or by its block
+        ending.  Returns at once if it is stopped already.  (The loop may still be finishing
+        its turn: leaving its block waits for that.)"""
+        while self._stop is None and not self._driver_done():
+            await self._lot.park()
+        await trio.lowlevel.checkpoint()
+
     def events(self, *, after: str | int | None = None) -> LoopEventStream:
         """Every event of the loop's life after ``after`` (a :attr:`LoopEventStream.cursor`),
         then live, until this opening of the loop ends.  See the module docstring."""

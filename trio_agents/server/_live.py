@@ -53,7 +53,7 @@ What happens on cancel
     turn ends ``cancelled`` and its model stream is closed.  Then the loop's last events
     (its ``ended``) are sent and the socket is closed with the code that says why.  A loop
     stopped by someone else (``runner.request_cancel("loop:...")``, a lost lease) ends the
-    socket at the client's next message.
+    socket at once (1000, "the conversation was stopped").
 
 What is persisted first
     A message is journaled before the loop acts on it (``TurnLoop.send``); a decision is
@@ -340,10 +340,17 @@ class _Conversation:
             async with trio.open_nursery() as body:
                 body.start_soon(self._read, loop, send.clone())
                 body.start_soon(self._watch_shutdown)
+                body.start_soon(self._watch_loop, loop)
 
     async def _watch_shutdown(self) -> None:
         await self.state.shutdown_started.wait()
         self.end(1001, "the server is shutting down", "shutdown")
+
+    async def _watch_loop(self, loop: TurnLoop) -> None:
+        """A loop stopped from elsewhere (``request_cancel("loop:...")``, a lost lease) ends
+        the socket at once, not at the client's next frame."""
+        await loop.wait_stopped()
+        self.end(1000, "the conversation was stopped", "stopped elsewhere")
 
     # ---- the server's frames ---------------------------------------------------------------
 
