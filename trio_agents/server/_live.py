@@ -66,7 +66,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import re
 import weakref
 from collections.abc import Mapping
 from typing import Any, Final, cast
@@ -75,34 +74,34 @@ import trio
 from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from .._exceptions import LeaseError, SessionNotFound, UsageError
-from ..agents import AgentLike
-from ..events import CancelMode, check_cancel_mode, to_dict
-from ..stores import Store
-from ..turnloop import LoopEventStream, PolicyDecision, TurnLoop
-from ._app import ServerState, session_key
-from ._auth import check_id
-from ._errors import ApiError, error_response, from_library_error
+from .._exceptions import LeaseError, UsageError
+from ..events import CancelMode, to_dict
+from ..turnloop import LoopEventStream, TurnLoop
+from ._app import ServerState
+from ._errors import ApiError, from_library_error
+from ._live_open import (
+    BadFrame,
+    Frame,
+    LiveRequest,
+    close_reason,
+    ensure_session,
+    error_frame,
+    frame_mode,
+    get_field,
+    refuse,
+)
 
 __all__ = ["live_routes"]
 
 logger = logging.getLogger("trio_agents.server")
 
-Frame = dict[str, Any]
 
-POLICIES: Final[dict[str, PolicyDecision]] = {
-    "preempt": "preempt",
-    "queue": "queue",
-    "coalesce": "coalesce",
-}
 DRAIN_TIMEOUT: Final = 5.0
 """Once the loop has ended, the longest its last events take to reach the send queue."""
 SLOW_CLIENT_GRACE: Final = 2.0
 """How long the send queue may stay full before the client is judged too slow (1008)."""
 HANDOVER_TIMEOUT: Final = 10.0
 """The longest a socket taking a conversation over waits for the previous one's loop."""
-
-_CURSOR = re.compile(r"[0-9]{1,18}(/[0-9]{1,18}(\.[0-9]{1,9})?)?")
 
 # The conversations open here, per app, by store session id.
 _open: weakref.WeakKeyDictionary[ServerState, dict[str, _Conversation]] = (
@@ -114,53 +113,6 @@ def live_routes() -> list[BaseRoute]:
     return [WebSocketRoute("/run_live", _run_live, name="run_live")]
 
 
-class _Request:
-    """What the socket's URL and headers ask for, checked."""
-
-    def __init__(self, websocket: WebSocket, state: ServerState) -> None:
-        query = websocket.query_params
-
-        def param(*names: str) -> str | None:
-            for name in names:
-                value = query.get(name)
-                if value is not None:
-                    return value
-            return None
-
-        authorization = websocket.headers.get("authorization")
-        token = query.get("token")
-        if not authorization and token:
-            authorization = f"Bearer {token}"
-        claimed = param("user_id", "user")
-        self.user = state.auth.user(authorization, claimed=claimed)
-        if claimed is not None and claimed != self.user:
-            raise ApiError(404, "session_not_found", f"no session of user {claimed!r} here")
-        app = param("app_name", "app")
-        if app is None:
-            raise ApiError(400, "bad_request", "name the app: ?app_name=<agent name>")
-        self.app = check_id(app, "app_name")
-        self.agent: AgentLike = state.agent(self.app)
-        session = param("session_id", "session")
-        if session is None:
-            raise ApiError(400, "bad_request", "name the conversation: ?session_id=<id>")
-        self.session = check_id(session, "session_id")
-        self.key = session_key(self.app, self.user, self.session)
-        policy = param("policy") or "preempt"
-        if policy not in POLICIES:
-            raise ApiError(
-                400, "bad_request", f"policy must be one of {', '.join(POLICIES)}, got {policy!r}"
-            )
-        self.policy_name = policy
-        self.policy = POLICIES[policy]
-        self.after = param("after")
-        if self.after is not None and not _CURSOR.fullmatch(self.after):
-            raise ApiError(
-                400,
-                "bad_request",
-                f"after must be a cursor from a frame ('12' or '12/41.3'), got {self.after!r}",
-            )
-
-
 async def _run_live(websocket: WebSocket) -> None:
     state: ServerState = websocket.app.state.trio_agents
     try:
@@ -168,10 +120,10 @@ async def _run_live(websocket: WebSocket) -> None:
             raise ApiError(
                 503, "shutting_down", "the server is shutting down", headers={"Retry-After": "1"}
             )
-        request = _Request(websocket, state)
-        await _ensure_session(state.runner.store, request.key, request.user)
+        request = LiveRequest(websocket, state)
+        await ensure_session(state.runner.store, request.key, request.user)
     except Exception as exc:
-        await _refuse(websocket, from_library_error(exc))
+        await refuse(websocket, from_library_error(exc))
         return
     conversation = _Conversation(websocket, state, request)
     open_here = _open.setdefault(state, {})
@@ -180,7 +132,7 @@ async def _run_live(websocket: WebSocket) -> None:
             previous.end(4409, "another socket took this conversation over", "taken over")
             await previous.loop_done.wait()
     if request.key in open_here:
-        await _refuse(websocket, ApiError(409, "session_busy", "the conversation is still open"))
+        await refuse(websocket, ApiError(409, "session_busy", "the conversation is still open"))
         return
     open_here[request.key] = conversation
     try:
@@ -190,72 +142,13 @@ async def _run_live(websocket: WebSocket) -> None:
             del open_here[request.key]
         conversation.loop_done.set()
     if conversation.refusal is not None:
-        await _refuse(websocket, conversation.refusal)
-
-
-async def _ensure_session(store: Store, key: str, user: str) -> None:
-    try:
-        await store.get_session(key, limit=1)
-    except SessionNotFound:
-        with contextlib.suppress(UsageError):  # created meanwhile
-            await store.create_session(key, user_id=user)
-
-
-async def _refuse(websocket: WebSocket, error: ApiError) -> None:
-    """Deny the upgrade with the JSON error body (or, without the ASGI denial-response
-    extension, accept and close with ``4000 + status``)."""
-    if error.status >= 500 and error.code == "internal_error":
-        logger.error("/run_live refused: %s", error.message)
-    if "websocket.http.response" in websocket.scope.get("extensions", {}):
-        await websocket.send_denial_response(error_response(error))
-    else:
-        await websocket.accept()
-        await websocket.close(4000 + error.status, _reason(error.message))
-
-
-def _reason(text: str) -> str:
-    """A close reason fits in 123 bytes of UTF-8."""
-    data = text.encode()
-    if len(data) <= 123:
-        return text
-    return data[:120].decode(errors="ignore") + "..."
-
-
-def _error(code: str, message: str) -> Frame:
-    return {"type": "error", "code": code, "message": message}
-
-
-class _BadFrame(Exception):
-    pass
-
-
-def _get(
-    frame: Frame, name: str, kinds: type | tuple[type, ...], what: str, *, required: bool = False
-) -> Any:
-    value = frame.get(name)
-    if value is None:
-        if required:
-            raise _BadFrame(f"a {frame['type']!r} frame needs {name!r} ({what})")
-        return None
-    if isinstance(value, bool) and bool not in (kinds if isinstance(kinds, tuple) else (kinds,)):
-        raise _BadFrame(f"{name!r} must be {what}, got {value!r}")
-    if not isinstance(value, kinds):
-        raise _BadFrame(f"{name!r} must be {what}, got {type(value).__name__}")
-    return value
-
-
-def _mode(frame: Frame, default: CancelMode) -> CancelMode:
-    mode = _get(frame, "mode", str, "a cancel mode") or default
-    try:
-        return check_cancel_mode(mode)
-    except UsageError as exc:
-        raise _BadFrame(str(exc)) from None
+        await refuse(websocket, conversation.refusal)
 
 
 class _Conversation:
     """One socket's conversation: see the module docstring."""
 
-    def __init__(self, websocket: WebSocket, state: ServerState, request: _Request) -> None:
+    def __init__(self, websocket: WebSocket, state: ServerState, request: LiveRequest) -> None:
         self.websocket = websocket
         self.state = state
         self.request = request
@@ -396,7 +289,7 @@ class _Conversation:
                     if not await self._put(send, frame):
                         return
             except UsageError as exc:  # ?after= names no place in this conversation
-                await self._put(send, _error("bad_cursor", str(exc)))
+                await self._put(send, error_frame("bad_cursor", str(exc)))
                 self.end(4400, "bad cursor", "the client's cursor was bad")
             except Exception as exc:
                 logger.exception("/run_live %s: the event stream failed", self.request.key)
@@ -417,7 +310,7 @@ class _Conversation:
         await self.loop_done.wait()
         if not self.client_gone:
             with contextlib.suppress(WebSocketDisconnect, RuntimeError):
-                await self.websocket.close(self.close_code, _reason(self.close_reason))
+                await self.websocket.close(self.close_code, close_reason(self.close_reason))
 
     # ---- the client's frames ---------------------------------------------------------------
 
@@ -436,13 +329,17 @@ class _Conversation:
     async def _answer(self, loop: TurnLoop, message: Mapping[str, Any]) -> Frame | None:
         text = message.get("text")
         if not isinstance(text, str):
-            return _error("bad_frame", "send JSON text frames; binary frames are not understood")
+            return error_frame(
+                "bad_frame", "send JSON text frames; binary frames are not understood"
+            )
         try:
             frame = json.loads(text)
         except ValueError as exc:
-            return _error("malformed_json", f"the frame is not valid JSON: {exc}")
+            return error_frame("malformed_json", f"the frame is not valid JSON: {exc}")
         if not isinstance(frame, dict):
-            return _error("bad_frame", f"a frame must be a JSON object, got {type(frame).__name__}")
+            return error_frame(
+                "bad_frame", f"a frame must be a JSON object, got {type(frame).__name__}"
+            )
         kind = frame.get("type")
         handlers = {
             "message": self._message,
@@ -453,46 +350,46 @@ class _Conversation:
         }
         handler = handlers.get(kind) if isinstance(kind, str) else None
         if handler is None:
-            return _error(
+            return error_frame(
                 "unknown_type",
                 f"unknown frame type {kind!r}; send one of {', '.join(sorted(handlers))}",
             )
         try:
             return await handler(loop, cast(Frame, frame))
-        except _BadFrame as exc:
-            return _error("bad_frame", str(exc))
+        except BadFrame as exc:
+            return error_frame("bad_frame", str(exc))
         except Exception as exc:
             error = from_library_error(exc)
             if error.code == "internal_error":
                 logger.exception("/run_live %s: a %r frame failed", self.request.key, kind)
-            return _error(error.code, error.message)
+            return error_frame(error.code, error.message)
 
     async def _message(self, loop: TurnLoop, frame: Frame) -> Frame | None:
-        text = _get(frame, "text", str, "a str", required=True)
+        text = get_field(frame, "text", str, "a str", required=True)
         if not text.strip():
-            raise _BadFrame("'text' must not be empty")
+            raise BadFrame("'text' must not be empty")
         try:
             message = await loop.send(text, user_id=self.request.user)
         except (UsageError, LeaseError) as exc:  # stopped (by whoever) or taken elsewhere
             self.end(1000, "the conversation was stopped", str(exc))
-            return _error("conversation_stopped", str(exc))
+            return error_frame("conversation_stopped", str(exc))
         # Journaled.  Its message_received event may come only after the turn running now.
         return {"type": "accepted", "seq": message.seq}
 
     async def _cancel(self, loop: TurnLoop, frame: Frame) -> Frame | None:
-        mode = _mode(frame, "immediate")
-        reason = _get(frame, "reason", str, "a str")
-        grace = _get(frame, "grace", (int, float), "a number of seconds")
+        mode = frame_mode(frame, "immediate")
+        reason = get_field(frame, "reason", str, "a str")
+        grace = get_field(frame, "grace", (int, float), "a number of seconds")
         if not loop.cancel_turn(mode, reason=reason or "cancelled by the client", grace=grace):
-            return _error("no_turn", "no turn is running")
+            return error_frame("no_turn", "no turn is running")
         return None  # the turn's ended event follows
 
     async def _decide(self, loop: TurnLoop, frame: Frame) -> Frame | None:
-        invocation_id = _get(frame, "invocation_id", str, "a str", required=True)
-        approval_id = _get(frame, "approval_id", str, "a str", required=True)
-        approved = _get(frame, "approved", bool, "true or false", required=True)
-        reason = _get(frame, "reason", str, "a str")
-        arguments = _get(frame, "arguments", (dict, str), "an object or JSON text")
+        invocation_id = get_field(frame, "invocation_id", str, "a str", required=True)
+        approval_id = get_field(frame, "approval_id", str, "a str", required=True)
+        approved = get_field(frame, "approved", bool, "true or false", required=True)
+        reason = get_field(frame, "reason", str, "a str")
+        arguments = get_field(frame, "arguments", (dict, str), "an object or JSON text")
         record = await self.state.invocation(invocation_id, self.request.user)
         if record.session_id != self.request.key:
             raise ApiError(
@@ -519,8 +416,8 @@ class _Conversation:
         return {"type": "pong"}
 
     async def _stop(self, loop: TurnLoop, frame: Frame) -> Frame | None:
-        mode = _mode(frame, "after_turn")
-        reason = _get(frame, "reason", str, "a str") or "stopped by the client"
+        mode = frame_mode(frame, "after_turn")
+        reason = get_field(frame, "reason", str, "a str") or "stopped by the client"
         await trio.lowlevel.checkpoint()
         self.end(1000, "the client stopped the conversation", reason, mode=mode)
         return None

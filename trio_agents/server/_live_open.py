@@ -1,0 +1,151 @@
+"""Opening ``WS /run_live``: the socket's URL and headers checked, the refusal, and the
+helpers that read the client's frames (see :mod:`._live` for the protocol)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+from typing import Any, Final
+
+from starlette.websockets import WebSocket
+
+from .._exceptions import SessionNotFound, UsageError
+from ..agents import AgentLike
+from ..events import CancelMode, check_cancel_mode
+from ..stores import Store
+from ..turnloop import PolicyDecision
+from ._app import ServerState, session_key
+from ._auth import check_id
+from ._errors import ApiError, error_response
+
+__all__ = [
+    "CURSOR",
+    "POLICIES",
+    "BadFrame",
+    "Frame",
+    "LiveRequest",
+    "close_reason",
+    "ensure_session",
+    "error_frame",
+    "frame_mode",
+    "get_field",
+    "refuse",
+]
+
+logger = logging.getLogger("trio_agents.server")
+
+Frame = dict[str, Any]
+
+POLICIES: Final[dict[str, PolicyDecision]] = {
+    "preempt": "preempt",
+    "queue": "queue",
+    "coalesce": "coalesce",
+}
+CURSOR = re.compile(r"[0-9]{1,18}(/[0-9]{1,18}(\.[0-9]{1,9})?)?")
+
+
+class LiveRequest:
+    """What the socket's URL and headers ask for, checked."""
+
+    def __init__(self, websocket: WebSocket, state: ServerState) -> None:
+        query = websocket.query_params
+
+        def param(*names: str) -> str | None:
+            for name in names:
+                value = query.get(name)
+                if value is not None:
+                    return value
+            return None
+
+        authorization = websocket.headers.get("authorization")
+        token = query.get("token")
+        if not authorization and token:
+            authorization = f"Bearer {token}"
+        claimed = param("user_id", "user")
+        self.user = state.auth.user(authorization, claimed=claimed)
+        if claimed is not None and claimed != self.user:
+            raise ApiError(404, "session_not_found", f"no session of user {claimed!r} here")
+        app = param("app_name", "app")
+        if app is None:
+            raise ApiError(400, "bad_request", "name the app: ?app_name=<agent name>")
+        self.app = check_id(app, "app_name")
+        self.agent: AgentLike = state.agent(self.app)
+        session = param("session_id", "session")
+        if session is None:
+            raise ApiError(400, "bad_request", "name the conversation: ?session_id=<id>")
+        self.session = check_id(session, "session_id")
+        self.key = session_key(self.app, self.user, self.session)
+        policy = param("policy") or "preempt"
+        if policy not in POLICIES:
+            raise ApiError(
+                400, "bad_request", f"policy must be one of {', '.join(POLICIES)}, got {policy!r}"
+            )
+        self.policy_name = policy
+        self.policy = POLICIES[policy]
+        self.after = param("after")
+        if self.after is not None and not CURSOR.fullmatch(self.after):
+            raise ApiError(
+                400,
+                "bad_request",
+                f"after must be a cursor from a frame ('12' or '12/41.3'), got {self.after!r}",
+            )
+
+
+async def ensure_session(store: Store, key: str, user: str) -> None:
+    try:
+        await store.get_session(key, limit=1)
+    except SessionNotFound:
+        with contextlib.suppress(UsageError):  # created meanwhile
+            await store.create_session(key, user_id=user)
+
+
+async def refuse(websocket: WebSocket, error: ApiError) -> None:
+    """Deny the upgrade with the JSON error body (or, without the ASGI denial-response
+    extension, accept and close with ``4000 + status``)."""
+    if error.status >= 500 and error.code == "internal_error":
+        logger.error("/run_live refused: %s", error.message)
+    if "websocket.http.response" in websocket.scope.get("extensions", {}):
+        await websocket.send_denial_response(error_response(error))
+    else:
+        await websocket.accept()
+        await websocket.close(4000 + error.status, close_reason(error.message))
+
+
+def close_reason(text: str) -> str:
+    """A close reason fits in 123 bytes of UTF-8."""
+    data = text.encode()
+    if len(data) <= 123:
+        return text
+    return data[:120].decode(errors="ignore") + "..."
+
+
+def error_frame(code: str, message: str) -> Frame:
+    return {"type": "error", "code": code, "message": message}
+
+
+class BadFrame(Exception):
+    pass
+
+
+def get_field(
+    frame: Frame, name: str, kinds: type | tuple[type, ...], what: str, *, required: bool = False
+) -> Any:
+    value = frame.get(name)
+    if value is None:
+        if required:
+            raise BadFrame(f"a {frame['type']!r} frame needs {name!r} ({what})")
+        return None
+    if isinstance(value, bool) and bool not in (kinds if isinstance(kinds, tuple) else (kinds,)):
+        raise BadFrame(f"{name!r} must be {what}, got {value!r}")
+    if not isinstance(value, kinds):
+        raise BadFrame(f"{name!r} must be {what}, got {type(value).__name__}")
+    return value
+
+
+def frame_mode(frame: Frame, default: CancelMode) -> CancelMode:
+    mode = get_field(frame, "mode", str, "a cancel mode") or default
+    try:
+        return check_cancel_mode(mode)
+    except UsageError as exc:
+        raise BadFrame(str(exc)) from None
