@@ -64,6 +64,7 @@ async def main(model_url: str) -> None:
     config.bind = ["127.0.0.1:0"]
     config.accesslog = None
     config.errorlog = None
+    config.backlog = 1024  # as trio_agents.server.serve sets it
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(partial(serve, make_app(model_url), config))  # type: ignore[arg-type]
         print(f"serving at {binds[0]}", flush=True)

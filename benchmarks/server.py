@@ -239,10 +239,13 @@ async def streams_part(
     tags = [new_tag("parked") for _ in range(n)]
     ready = trio.Semaphore(0)
     done = trio.Event()
+    opening = trio.Semaphore(100)  # connections being set up at once
 
     async def hold(tag: str) -> None:
+        await opening.acquire()
         async with open_stream(client, url, "parked", tag, **extra) as (_, events):
             await until_deltas(events, 1)
+            opening.release()
             ready.release()
             await done.wait()
 

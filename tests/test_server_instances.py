@@ -300,3 +300,42 @@ async def test_sigterm_ends_runs_cancelled_shutdown_for_another_to_resume(
         assert frames_b[-1].event == "ended"
         assert frames_b[-1].data["status"] == "completed"
         assert model.requests[0].disconnected_at is not None
+
+
+async def test_a_cancel_of_a_dead_instances_run_ends_it(store_url: str) -> None:
+    """A dies (SIGKILL) mid-run; a cancel sent to B does not wait forever for an owner that
+    will never act: once A's lease lapses, B ends the invocation ``cancelled`` (journaled)
+    and answers with that outcome; the session keeps the turn's entry."""
+    async with (
+        open_fake_openai_server(responder=responder()) as model,
+        open_instance(store_url, model) as a,
+        open_instance(store_url, model) as b,
+        a.client() as ca,
+        b.client() as cb,
+    ):
+        with trio.fail_after(60):
+            async with (
+                ca.stream("POST", "/run_sse", json=run_body("talk slowly")) as stream,
+                FrameReader(stream) as frames,
+            ):
+                invocation_id = stream.headers["x-invocation-id"]
+                await frames.read(until=after_deltas(3))
+                a.process.send_signal(signal.SIGKILL)
+                await a.process.wait()
+            killed_at = trio.current_time()
+            cancelled = await cb.post(
+                f"/invocations/{invocation_id}:cancel", json={"reason": "user gave up"}
+            )
+            waited = trio.current_time() - killed_at
+            followed = await follow_to_end(cb, invocation_id)
+            session = (await cb.get("/apps/talker/users/alice/sessions/s1")).json()
+        assert cancelled.status_code == 200, cancelled.text
+        outcome = cancelled.json()
+        assert (outcome["status"], outcome["reason"]) == ("cancelled", "user gave up")
+        assert waited < LEASE_TTL * 3  # the lease lapsed, then at most a third of one more
+        ended = [f for f in followed if f.event == "ended"]
+        assert [(e.data["status"], e.data["reason"]) for e in ended] == [
+            ("cancelled", "user gave up")
+        ]
+        assert [e["invocationId"] for e in session["events"]] == [invocation_id] * 2
+        assert len(model.requests) == 1  # nothing was resumed

@@ -678,11 +678,15 @@ async def cancel_paused(
     cleanup_timeout: float,
     reason: str | None,
     by: str | None,
+    orphan: bool = False,
 ) -> bool:
     """End a ``paused`` invocation ``cancelled``, from any process: take its lease, end its
     open gates ``cancelled`` in the store (first write wins: a decision made first stands and
     is journaled as such), then journal the gates' ends and the ``ended`` event in one write,
     which releases the lease.
+
+    ``orphan``: the invocation is ``running`` in the store but its process died (its lease
+    lapsed); an ending in its journal is an earlier run's, never restored.
 
     ``False`` if another process holds it (it was resumed meanwhile).  Raises
     :class:`~trio_agents.StoreError` if the store fails part-way: the invocation is then left
@@ -700,7 +704,8 @@ async def cancel_paused(
     rec.lease = lease
     gates = tally(events)
     before: list[tuple[type[Any], dict[str, Any]]] = []
-    if last is not None and last.status != "paused":  # it ended otherwise meanwhile: restore
+    if last is not None and last.status != "paused" and not orphan:
+        # it ended otherwise meanwhile: restore that ending
         fields = {
             f.name: getattr(last, f.name)
             for f in attrs.fields(InvocationEnded)

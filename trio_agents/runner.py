@@ -92,7 +92,7 @@ from .agents._models import models_of
 from .events import ApprovalRequested, CancelMode, Event, EventId, check_cancel_mode
 from .hooks import HookSet
 from .models._base import Model
-from .stores._base import ApprovalDecision, CancelRequest, JournalWrite, Store
+from .stores._base import ApprovalDecision, CancelRequest, InvocationRecord, JournalWrite, Store
 from .stores._open import open_store
 from .tools import _to_text
 from .turnloop import LOOP_PREFIX, LoopEventStream, Policy, TurnLoop, loop_id, open_turn_loop
@@ -589,9 +589,10 @@ class Runner:
         ``reason`` and ``by`` in the outcome; its open gates end ``cancelled``.  A paused
         invocation is ended by this call (see :func:`trio_agents.approvals.cancel_paused`):
         its lease is taken, its open gates end ``cancelled`` (a decision recorded first
-        stands) and an ``ended`` event (``cancelled``) is journaled.  ``False`` if the store
-        knows no running or paused invocation with that id (or another process resumed it
-        meanwhile).
+        stands) and an ``ended`` event (``cancelled``) is journaled; so is one still
+        ``running`` in the store whose process died, once its lease has lapsed.  ``False`` if
+        the store knows no running or paused invocation with that id (or another process
+        resumed it meanwhile).
         """
         check_cancel_mode(mode)
         by = by or self.owner
@@ -605,6 +606,8 @@ class Runner:
             invocation_id=invocation_id, mode=mode, reason=reason, requested_by=by
         )
         if await self.store.request_cancel(request):
+            if not invocation_id.startswith(LOOP_PREFIX):
+                await self._end_orphan(invocation_id, reason=reason, by=by)
             return True
         if invocation_id.startswith(LOOP_PREFIX):  # a closed loop: nothing to stop
             return False
@@ -614,6 +617,21 @@ class Runner:
             return False
         if record.status != "paused":
             return False
+        return await self._end_here(record, reason=reason, by=by)
+
+    async def _end_orphan(self, invocation_id: str, *, reason: str | None, by: str) -> None:
+        """A running invocation whose process died has no one to act on its cancel request:
+        once its lease has lapsed, end it here as a paused one is ended (the store arbitrates:
+        if its owner still renews the lease, nothing is done and the owner acts)."""
+        record = await self.store.get_invocation(invocation_id)
+        if record.status == "running" and record.lease_expires_at <= time.time():
+            # UsageError: it completed meanwhile, and there is nothing to end.
+            with contextlib.suppress(UsageError):
+                await self._end_here(record, reason=reason, by=by, orphan=True)
+
+    async def _end_here(
+        self, record: InvocationRecord, *, reason: str | None, by: str, orphan: bool = False
+    ) -> bool:
         _, env = self._check_open()
         return await approvals.cancel_paused(
             env.store,
@@ -624,6 +642,7 @@ class Runner:
             cleanup_timeout=self.cleanup_timeout,
             reason=reason,
             by=by,
+            orphan=orphan,
         )
 
     async def decide(

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import trio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
@@ -45,13 +46,16 @@ from .. import approvals
 from .._exceptions import GateClosed, UsageError
 from ..events import (
     ApprovalRequested,
+    CancelMode,
     CredentialRequested,
     Event,
     EventId,
+    InvocationEnded,
     ResultRequested,
     check_cancel_mode,
     parse_event_id,
 )
+from ..runner import Runner
 from ..stores import InvocationRecord
 from ._app import ServerState
 from ._errors import ApiError
@@ -154,13 +158,33 @@ async def cancel_and_answer(
             status_code=202,
             headers={"Location": f"/invocations/{record.id}"},
         )
-    ended = await watching_disconnect(
-        request, lambda: follow_to_end(runner, record.id, after=after)
-    )
+    invocation_id = record.id
+
+    async def follow() -> InvocationEnded | None:
+        async with trio.open_nursery() as nursery:
+            if not runner.is_active(invocation_id):
+                nursery.start_soon(_keep_asking, runner, invocation_id, mode, reason, user)
+            ended = await follow_to_end(runner, invocation_id, after=after)
+            nursery.cancel_scope.cancel()
+        return ended
+
+    ended = await watching_disconnect(request, follow)
     if ended is not None:
         return JSONResponse(outcome_of(ended))
     record = await runner.store.get_invocation(record.id)
     return JSONResponse(await stored_outcome(runner.store, record))
+
+
+async def _keep_asking(
+    runner: Runner, invocation_id: str, mode: CancelMode, reason: str | None, by: str
+) -> None:
+    """While a cancel waits for an invocation running elsewhere: ask again every third of a
+    lease.  If its process died, the request ends it here once its lease has lapsed (see
+    :meth:`Runner.request_cancel`), so the answer comes instead of waiting forever."""
+    while True:
+        await trio.sleep(runner.lease_ttl / 3)
+        if not await runner.request_cancel(invocation_id, mode, reason=reason, by=by):
+            return
 
 
 async def cancel_invocation(request: Request) -> Response:

@@ -37,6 +37,7 @@ async def serve(
     port: int = 8000,
     shutdown_trigger: Callable[[], Awaitable[object]] | None = None,
     graceful_timeout: float = 10.0,
+    backlog: int = 1024,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` (from :func:`create_app`) until ``shutdown_trigger`` returns (default:
@@ -46,7 +47,8 @@ async def serve(
     Shutting down stops accepting, cancels every invocation and live conversation this app
     runs with reason ``shutdown`` (the runner journals each ending, so another instance can
     resume them), and gives open requests ``graceful_timeout`` seconds to send their terminal
-    frames before they are cut.  The runner stays open: leave its block after this returns.
+    frames before they are cut.  ``backlog`` is the listening socket's queue of connections
+    not yet accepted.  The runner stays open: leave its block after this returns.
 
     Raises :class:`~trio_agents.UsageError` for an app that serves without tokens
     (``insecure_dev``) on anything but the loopback interface.
@@ -57,6 +59,9 @@ async def serve(
     config = Config()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.graceful_timeout = graceful_timeout
+    # Hypercorn's default of 100 resets connections when hundreds of clients connect at once
+    # (a deploy, a reconnect storm).
+    config.backlog = backlog
     config.accesslog = None
     config.keep_alive_timeout = 30
 
