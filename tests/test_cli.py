@@ -150,3 +150,29 @@ async def test_run_with_a_bad_agent_spec_is_a_clear_error() -> None:
         )
     assert done.returncode == 2
     assert "cannot import module 'no_such_module'" in done.stdout.decode()
+
+
+@pytest.mark.slow
+async def test_serve_refuses_without_tokens_and_insecure_dev_off_loopback(tmp_path: Path) -> None:
+    """`trio-agents serve` with no tokens refuses to start (exit 2, says how to give one);
+    `--insecure-dev` binds to 127.0.0.1 only."""
+    env = {k: v for k, v in os.environ.items() if k != "TRIO_AGENTS_TOKENS"}
+    env["PYTHONPATH"] = str(ROOT)
+    base = [*command(), "serve", "tests.server_agents:agent", "--port", "0"]
+    base += ["--store", f"sqlite:///{tmp_path / 'agents.db'}"]
+    with trio.fail_after(60):
+        no_tokens = await trio.run_process(
+            base, cwd=tmp_path, env=env, capture_stdout=True, check=False
+        )
+        open_dev = await trio.run_process(
+            [*base, "--insecure-dev", "--host", "0.0.0.0"],
+            cwd=tmp_path,
+            env=env,
+            capture_stdout=True,
+            check=False,
+        )
+    assert no_tokens.returncode == 2
+    assert b"no bearer tokens" in no_tokens.stdout
+    assert b"--insecure-dev" in no_tokens.stdout
+    assert open_dev.returncode == 2
+    assert b"127.0.0.1 only" in open_dev.stdout

@@ -242,3 +242,43 @@ async def test_resume_a_paused_invocation_after_a_decision() -> None:
             assert len(terminal(frames)) == 1
             assert "run_ended" in [f.event for f in frames]
     assert deploys.deployed == ["api"]
+
+
+async def test_a_store_failure_after_the_stream_began_ends_it_with_a_failed_frame() -> None:
+    """The stream has begun (200, frames sent) when the store stops answering: the stream
+    still ends with exactly one terminal frame, ``failed``, which says how to reattach; it has
+    no id, so a reconnect resumes after the last real event."""
+    with trio.fail_after(30):
+        async with (
+            ta.Runner() as runner,
+            open_server([scripted()], runner=runner) as url,
+            open_client(url) as alice,
+        ):
+            done = (await alice.post("/run", json={"app_name": "helper", "input": "hi"})).json()
+            store = runner.store
+            real = store.read_events
+            calls = 0
+
+            async def failing(*args: Any, **kwargs: Any) -> Any:
+                nonlocal calls
+                calls += 1
+                if calls > 1:  # the first read is served, then the database goes away
+                    raise ta.StoreUnavailableError("the database went away")
+                return await real(*args, **kwargs)
+
+            store.read_events = failing  # type: ignore[method-assign]
+            url_events = f"/invocations/{done['invocation_id']}/events"
+            async with alice.stream("GET", url_events) as response:
+                assert response.status_code == 200
+                frames = await read_frames(response)
+    assert calls >= 2
+    assert [f.event for f in terminal(frames)] == ["ended"]
+    last = frames[-1]
+    assert (last.event, last.id, last.data["status"], last.data["synthesized"]) == (
+        "ended",
+        None,
+        "failed",
+        True,
+    )
+    assert "the database went away" in last.data["reason"]
+    assert "Last-Event-ID" in last.data["reason"]

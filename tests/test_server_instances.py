@@ -144,7 +144,8 @@ def store_url(postgres_url: str, postgres_schema: str) -> str:
 async def test_cancel_through_another_instance(store_url: str) -> None:
     """A's invocation is cancelled through B: B answers only after A's model stream closed
     (the model server saw the disconnect first), with the cancelled outcome; A's own stream
-    ends with one terminal frame."""
+    ends with one terminal frame.  B's event replay of the running invocation (from the
+    start, and from a Last-Event-ID) gives exactly A's frames."""
     async with (
         open_fake_openai_server(responder=responder()) as model,
         open_instance(store_url, model) as a,
@@ -159,13 +160,26 @@ async def test_cancel_through_another_instance(store_url: str) -> None:
             ):
                 assert stream.status_code == 200
                 invocation_id = stream.headers["x-invocation-id"]
-                await frames.read(until=after_deltas(3))
-                cancelled = await cb.post(
-                    f"/invocations/{invocation_id}:cancel", json={"reason": "stop pressed"}
-                )
-                answered_at = trio.current_time()
-                rest = await frames.read()
+                first = await frames.read(until=after_deltas(3))
+                # B follows A's running invocation (through the store), from the start and
+                # from the third delta's id, as a client reattaching to B would.
+                from_b: dict[str, list[Frame]] = {}
+                async with trio.open_nursery() as nursery:
+                    for name, last_id in (("all", None), ("reattached", first[-1].id)):
+                        following = trio.Event()
+                        nursery.start_soon(
+                            follow_on, cb, invocation_id, last_id, from_b, name, following
+                        )
+                        await following.wait()
+                    cancelled = await cb.post(
+                        f"/invocations/{invocation_id}:cancel", json={"reason": "stop pressed"}
+                    )
+                    answered_at = trio.current_time()
+                    rest = await frames.read()
         assert cancelled.status_code == 200, cancelled.text
+        seen_on_a = [(f.id, f.event) for f in first + rest]
+        assert [(f.id, f.event) for f in from_b["all"]] == seen_on_a
+        assert [(f.id, f.event) for f in from_b["reattached"]] == seen_on_a[len(first) :]
         outcome = cancelled.json()
         assert (outcome["status"], outcome["reason"]) == ("cancelled", "stop pressed")
         [request] = model.requests
@@ -175,6 +189,24 @@ async def test_cancel_through_another_instance(store_url: str) -> None:
         assert len(terminal) == 1
         assert rest[-1] is terminal[0]
         assert terminal[0].data["status"] == "cancelled"
+
+
+async def follow_on(
+    client: httpx2.AsyncClient,
+    invocation_id: str,
+    last_event_id: str | None,
+    into: dict[str, list[Frame]],
+    name: str,
+    following: trio.Event,
+) -> None:
+    """Read ``GET /invocations/{id}/events`` (after ``last_event_id``) to its end into
+    ``into[name]``; ``following`` is set once the answer has begun."""
+    headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
+    url = f"/invocations/{invocation_id}/events"
+    async with client.stream("GET", url, headers=headers) as stream:
+        assert stream.status_code == 200
+        following.set()
+        into[name] = await read_frames(stream)
 
 
 async def test_approval_through_another_instance(store_url: str) -> None:
