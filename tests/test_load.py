@@ -101,7 +101,8 @@ async def test_500_streaming_invocations_keep_their_leases_and_end_stored(tmp_pa
                 nursery.start_soon(monitor)
                 nursery.start_soon(intruder)
                 await trio.sleep_until(started + STREAM_FOR)
-                assert all(inv.is_active() for inv in invs), "an invocation ended by itself"
+                ended = [inv.outcome for inv in invs if not inv.is_active()]
+                assert not ended, f"{len(ended)} invocations ended by themselves: {ended[:3]}"
                 nursery.cancel_scope.cancel()
             assert runner.writer is not None
             commits_before = runner.writer.commits

@@ -2,7 +2,8 @@
 
 Who owns what
     One ``sqlite3`` connection, opened by the store (lazily, or by :meth:`SQLiteStore.open`) and
-    used from worker threads, one call at a time under a ``trio.Lock``.  One connection because
+    used from worker threads, one call at a time under a lock that serves lease renewals
+    first (:mod:`._turns`), other calls in order.  One connection because
     SQLite has one writer per database anyway: a second connection in this process would only
     make our own calls wait on each other's locks (``SQLITE_BUSY``) instead of on a fair trio
     lock.  Other processes may open the same file; WAL mode lets their readers run while we write.
@@ -74,6 +75,7 @@ from ._base import (
     SessionEntry,
 )
 from ._threads import Aborted, run_interruptible
+from ._turns import Turns
 
 __all__ = ["SQLiteStore"]
 
@@ -136,7 +138,7 @@ class SQLiteStore:
         self.path = Path(path)
         self._clock = clock
         self._busy_timeout = busy_timeout
-        self._lock = trio.Lock()
+        self._lock = Turns()  # one call at a time; lease renewals first
         self._conn: sqlite3.Connection | None = None
         self._closed = False
 
@@ -154,7 +156,7 @@ class SQLiteStore:
 
     async def open(self) -> None:
         """Create or open the file and migrate its schema.  Idempotent; calls do it lazily."""
-        async with self._lock:
+        async with self._lock.hold():
             await self._open_locked()
 
     async def _open_locked(self) -> sqlite3.Connection:
@@ -241,8 +243,8 @@ class SQLiteStore:
         except sqlite3.Error as exc:
             raise self._translate(exc) from exc
 
-    async def _run(self, fn: Callable[[_sql.Tx], T], *, write: bool) -> T:
-        async with self._lock:
+    async def _run(self, fn: Callable[[_sql.Tx], T], *, write: bool, urgent: bool = False) -> T:
+        async with self._lock.hold(urgent=urgent):
             conn = await self._open_locked()
             return await self._call(conn, fn, write=write)
 
@@ -277,7 +279,7 @@ class SQLiteStore:
     async def aclose(self) -> None:
         """Close the connection (waiting for a call in progress to finish).  Idempotent."""
         with trio.CancelScope(shield=True):
-            async with self._lock:
+            async with self._lock.hold():
                 self._closed = True
                 conn, self._conn = self._conn, None
                 if conn is not None:
@@ -345,7 +347,11 @@ class SQLiteStore:
     async def renew_leases(
         self, leases: Sequence[Lease], *, ttl: float
     ) -> list[Lease | LeaseError]:
-        return await self._run(partial(_sql.renew_leases, leases=list(leases), ttl=ttl), write=True)
+        # Urgent: a renewal that waits behind every queued call can arrive after the deadline
+        # of the invocations it renews (see ._turns).
+        return await self._run(
+            partial(_sql.renew_leases, leases=list(leases), ttl=ttl), write=True, urgent=True
+        )
 
     async def commit(self, writes: Sequence[JournalWrite]) -> list[CommitResult]:
         try:
