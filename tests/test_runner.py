@@ -547,3 +547,27 @@ async def _run(agent: Agent) -> Outcome:
         with trio.fail_after(30):
             outcome = await runner.run(agent, "go")
     return outcome
+
+
+async def test_a_grace_travels_with_a_cancel_request_to_another_runner(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """``request_cancel("after_turn", grace=2)`` from another process: the owner lets the turn
+    run for the grace only, then stops it ``immediate`` (the turn would take 100 s)."""
+    store = MemoryStore(clock=trio.current_time)
+    slow = ScriptedTurn.text("x " * 100, pieces=100, delay=1.0)
+    async with (
+        Runner(store, owner="a", cancel_poll_interval=0.5) as owner,
+        Runner(store, owner="b") as other,
+    ):
+        inv = await owner.start(Agent(name="slow", model=ScriptedModel([slow])), "go")
+        await trio.sleep(3)
+        asked_at = trio.current_time()
+        assert await other.request_cancel(inv.id, "after_turn", reason="wrap up", grace=2)
+        outcome = await inv.wait()
+        took = trio.current_time() - asked_at
+        with pytest.raises(ta.UsageError, match="grace"):
+            await other.request_cancel(inv.id, "after_turn", grace=-1)
+    assert (outcome.status, outcome.reason) == ("cancelled", "wrap up")
+    assert outcome.cancel_mode == "immediate"  # the grace ran out before the turn ended
+    assert 2 <= took <= 3  # picked up within a poll interval, then the grace

@@ -340,6 +340,14 @@ async def test_cancel_requests_persist_merge_and_clear(case: StoreCase) -> None:
         lease3 = await s.create_invocation(record("i3"), ttl=30)
         assert await s.request_cancel(CancelRequest(invocation_id="i3", requested_at=5.0))
         assert (await s.cancel_requests(["i3"]))[0].requested_at == 5.0
+        # A grace travels with the request; the shorter one stands, a later None keeps it.
+        req = CancelRequest(invocation_id="i3", mode="after_turn", grace=9.5)
+        assert await s.request_cancel(req)
+        assert (await s.cancel_requests(["i3"]))[0].grace == 9.5
+        assert await s.request_cancel(attrs.evolve(req, grace=2.25))
+        assert await s.request_cancel(attrs.evolve(req, grace=None))
+        stored = (await s.cancel_requests(["i3"]))[0]
+        assert (stored.mode, stored.grace) == ("immediate", 2.25)  # the first was immediate
         clock.advance(31)
         await s.acquire_lease("i3", owner="b", ttl=30)  # a new owner starts with a clean slate
         assert await s.cancel_requests(["i3"]) == []

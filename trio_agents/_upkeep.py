@@ -40,7 +40,9 @@ class Leaseholder(Protocol):
 class Stoppable(Protocol):
     """A turn loop, as the watcher stops it."""
 
-    def stop(self, mode: CancelMode = ..., *, reason: str | None = ...) -> None: ...
+    def stop(
+        self, mode: CancelMode = ..., *, reason: str | None = ..., grace: float | None = ...
+    ) -> None: ...
 
 
 async def renew_leases(
@@ -118,9 +120,14 @@ async def watch_requests(
         for request in requests:
             inv = active.get(request.invocation_id)
             if inv is not None:
-                inv.cancel(request.mode, reason=request.reason, by=request.requested_by)
+                inv.cancel(
+                    request.mode,
+                    reason=request.reason,
+                    by=request.requested_by,
+                    grace=request.grace,
+                )
             elif (loop := loops.get(request.invocation_id)) is not None:
-                loop.stop(request.mode, reason=request.reason)
+                loop.stop(request.mode, reason=request.reason, grace=request.grace)
         for decision in decisions:
             inv = active.get(decision.invocation_id)
             if inv is not None:

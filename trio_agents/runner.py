@@ -580,6 +580,7 @@ class Runner:
         *,
         reason: str | None = None,
         by: str | None = None,
+        grace: float | None = None,
     ) -> bool:
         """Cancel an invocation wherever it runs: here at once, elsewhere through the store,
         and a ``paused`` one right here (whatever ``mode``).  For a turn loop's id
@@ -592,18 +593,21 @@ class Runner:
         stands) and an ``ended`` event (``cancelled``) is journaled; so is one still
         ``running`` in the store whose process died, once its lease has lapsed.  ``False`` if
         the store knows no running or paused invocation with that id (or another process
-        resumed it meanwhile).
+        resumed it meanwhile).  ``grace`` bounds a cooperative ``mode``: it becomes
+        ``immediate`` that many seconds after the owner picks the request up.
         """
         check_cancel_mode(mode)
+        if grace is not None and not grace >= 0:
+            raise UsageError(f"grace must be a number of seconds >= 0, got {grace!r}")
         by = by or self.owner
         inv = self._active.get(invocation_id)
         if inv is not None:
-            return inv.cancel(mode, reason=reason, by=by)
+            return inv.cancel(mode, reason=reason, by=by, grace=grace)
         if (loop := self._loops.get(invocation_id)) is not None:  # "loop:<session>": stop it
-            loop.stop(mode, reason=reason)
+            loop.stop(mode, reason=reason, grace=grace)
             return True
         request = CancelRequest(
-            invocation_id=invocation_id, mode=mode, reason=reason, requested_by=by
+            invocation_id=invocation_id, mode=mode, reason=reason, requested_by=by, grace=grace
         )
         if await self.store.request_cancel(request):
             if not invocation_id.startswith(LOOP_PREFIX):

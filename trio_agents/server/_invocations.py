@@ -9,9 +9,8 @@ Cancel (``POST /invocations/{id}:cancel``, body ``{"mode", "reason", "grace", "w
     until its ending is stored and answers that outcome (200).  It never answers while work
     still runs.  ``"wait": false`` answers 202 at once with ``Location: /invocations/{id}``.
     An invocation that ended already answers 200 with its outcome (cancel is idempotent).
-    ``grace`` (seconds: a safe-point mode becomes ``immediate`` after it) applies to an
-    invocation running in this process; a request that travels through the store carries
-    the mode and reason only.
+    ``grace`` (seconds: a safe-point mode becomes ``immediate`` after it) travels with the
+    request to whichever process runs the invocation.
 
 Approvals
     ``GET /invocations/{id}/approvals`` lists every gate the invocation opened (approvals,
@@ -149,7 +148,7 @@ async def cancel_and_answer(
         if runner.is_active(record.id):
             runner.get(record.id).cancel(mode, reason=reason, grace=grace, by=user)
             break
-        if await runner.request_cancel(record.id, mode, reason=reason, by=user):
+        if await runner.request_cancel(record.id, mode, reason=reason, by=user, grace=grace):
             break
         record = await runner.store.get_invocation(record.id)
     if not wait:
@@ -163,7 +162,7 @@ async def cancel_and_answer(
     async def follow() -> InvocationEnded | None:
         async with trio.open_nursery() as nursery:
             if not runner.is_active(invocation_id):
-                nursery.start_soon(_keep_asking, runner, invocation_id, mode, reason, user)
+                nursery.start_soon(_keep_asking, runner, invocation_id, mode, reason, user, grace)
             ended = await follow_to_end(runner, invocation_id, after=after)
             nursery.cancel_scope.cancel()
         return ended
@@ -176,14 +175,19 @@ async def cancel_and_answer(
 
 
 async def _keep_asking(
-    runner: Runner, invocation_id: str, mode: CancelMode, reason: str | None, by: str
+    runner: Runner,
+    invocation_id: str,
+    mode: CancelMode,
+    reason: str | None,
+    by: str,
+    grace: float | None,
 ) -> None:
     """While a cancel waits for an invocation running elsewhere: ask again every third of a
     lease.  If its process died, the request ends it here once its lease has lapsed (see
     :meth:`Runner.request_cancel`), so the answer comes instead of waiting forever."""
     while True:
         await trio.sleep(runner.lease_ttl / 3)
-        if not await runner.request_cancel(invocation_id, mode, reason=reason, by=by):
+        if not await runner.request_cancel(invocation_id, mode, reason=reason, by=by, grace=grace):
             return
 
 

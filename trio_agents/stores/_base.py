@@ -129,13 +129,17 @@ class Lease:
 
 @attrs.frozen(kw_only=True)
 class CancelRequest:
-    """A persisted request to stop an invocation, made by anyone who knows its id."""
+    """A persisted request to stop an invocation, made by anyone who knows its id.
+
+    ``grace``: seconds a cooperative ``mode`` may take before it becomes ``immediate``,
+    counted from when the owner picks the request up."""
 
     invocation_id: str
     mode: CancelMode = "immediate"
     reason: str | None = None
     requested_by: str | None = None
     requested_at: float = 0.0
+    grace: float | None = None
 
 
 @attrs.frozen(kw_only=True)

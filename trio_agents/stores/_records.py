@@ -230,26 +230,20 @@ def lease_held(invocation_id: str, owner: str | None, expires_at: float, now: fl
 
 
 def merge_cancel(old: CancelRequest | None, new: CancelRequest) -> CancelRequest:
-    """The persisted request after ``new`` arrives: the stronger mode, the first reason."""
+    """The persisted request after ``new`` arrives: the stronger mode, the first reason, the
+    shorter grace."""
     if old is None:
         return new
-    if stronger_mode(old.mode, new.mode) != old.mode:
-        return CancelRequest(
-            invocation_id=old.invocation_id,
-            mode=new.mode,
-            reason=old.reason if old.reason is not None else new.reason,
-            requested_by=old.requested_by,
-            requested_at=old.requested_at,
-        )
-    if old.reason is None and new.reason is not None:
-        return CancelRequest(
-            invocation_id=old.invocation_id,
-            mode=old.mode,
-            reason=new.reason,
-            requested_by=old.requested_by,
-            requested_at=old.requested_at,
-        )
-    return old
+    graces = [g for g in (old.grace, new.grace) if g is not None]
+    merged = CancelRequest(
+        invocation_id=old.invocation_id,
+        mode=stronger_mode(old.mode, new.mode),
+        reason=old.reason if old.reason is not None else new.reason,
+        requested_by=old.requested_by,
+        requested_at=old.requested_at,
+        grace=min(graces) if graces else None,
+    )
+    return old if merged == old else merged
 
 
 def decode_event_row(text: str | bytes, *, invocation_id: str, seq: int) -> Event:

@@ -128,6 +128,8 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     ),
     # 5: a user's sessions listed by id (the server's session routes).
     ("CREATE INDEX sessions_by_user ON sessions (user_id, id)",),
+    # 6: a cancel request's grace (a cooperative mode's deadline, across processes).
+    ("ALTER TABLE cancel_requests ADD COLUMN grace DOUBLE PRECISION",),
 )
 
 _COLUMNS: Final = (
@@ -318,10 +320,11 @@ def _cancel(row: Sequence[Any]) -> CancelRequest:
         reason=row[2],
         requested_by=row[3],
         requested_at=float(row[4]),
+        grace=None if row[5] is None else float(row[5]),
     )
 
 
-_CANCEL_COLUMNS: Final = "invocation_id, mode, reason, requested_by, requested_at"
+_CANCEL_COLUMNS: Final = "invocation_id, mode, reason, requested_by, requested_at, grace"
 
 
 def request_cancel(tx: Tx, request: CancelRequest) -> bool:
@@ -335,24 +338,19 @@ def request_cancel(tx: Tx, request: CancelRequest) -> bool:
         (request.invocation_id,),
     )
     if not request.requested_at:
-        request = CancelRequest(
-            invocation_id=request.invocation_id,
-            mode=request.mode,
-            reason=request.reason,
-            requested_by=request.requested_by,
-            requested_at=tx.now(),
-        )
+        request = attrs.evolve(request, requested_at=tx.now())
     merged = merge_cancel(_cancel(old[0]) if old else None, request)
     tx.run(
-        f"INSERT INTO cancel_requests ({_CANCEL_COLUMNS}) VALUES (?, ?, ?, ?, ?)"
+        f"INSERT INTO cancel_requests ({_CANCEL_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)"
         " ON CONFLICT (invocation_id) DO UPDATE SET mode = excluded.mode,"
-        " reason = excluded.reason",
+        " reason = excluded.reason, grace = excluded.grace",
         (
             merged.invocation_id,
             merged.mode,
             merged.reason,
             merged.requested_by,
             merged.requested_at,
+            merged.grace,
         ),
     )
     tx.notify(request.invocation_id)
