@@ -136,6 +136,21 @@ def run_body(text: str, session: str = "s1") -> dict[str, Any]:
     }
 
 
+@asynccontextmanager
+async def open_two(
+    store_url: str,
+) -> AsyncIterator[tuple[FakeServer, Instance, Instance, httpx2.AsyncClient, httpx2.AsyncClient]]:
+    """The fake model server, instances A and B on ``store_url``, and a client of each."""
+    async with (
+        open_fake_openai_server(responder=responder()) as model,
+        open_instance(store_url, model) as a,
+        open_instance(store_url, model) as b,
+        a.client() as ca,
+        b.client() as cb,
+    ):
+        yield model, a, b, ca, cb
+
+
 @pytest.fixture
 def store_url(postgres_url: str, postgres_schema: str) -> str:
     return f"{postgres_url}?schema={postgres_schema}"
@@ -146,13 +161,7 @@ async def test_cancel_through_another_instance(store_url: str) -> None:
     (the model server saw the disconnect first), with the cancelled outcome; A's own stream
     ends with one terminal frame.  B's event replay of the running invocation (from the
     start, and from a Last-Event-ID) gives exactly A's frames."""
-    async with (
-        open_fake_openai_server(responder=responder()) as model,
-        open_instance(store_url, model) as a,
-        open_instance(store_url, model) as b,
-        a.client() as ca,
-        b.client() as cb,
-    ):
+    async with open_two(store_url) as (model, _a, _b, ca, cb):
         with trio.fail_after(60):
             async with (
                 ca.stream("POST", "/run_sse", json=run_body("talk slowly")) as stream,
@@ -211,13 +220,7 @@ async def follow_on(
 
 async def test_approval_through_another_instance(store_url: str) -> None:
     """A's invocation parks on an approval; the decision made through B runs the tool on A."""
-    async with (
-        open_fake_openai_server(responder=responder()) as model,
-        open_instance(store_url, model) as a,
-        open_instance(store_url, model) as b,
-        a.client() as ca,
-        b.client() as cb,
-    ):
+    async with open_two(store_url) as (_model, _a, _b, ca, cb):
         with trio.fail_after(60):
             async with (
                 ca.stream("POST", "/run_sse", json=run_body("deploy api")) as stream,
@@ -274,13 +277,7 @@ async def resume_when_free(client: httpx2.AsyncClient, invocation_id: str) -> ht
 async def test_an_instance_killed_mid_run_is_resumed_by_another(store_url: str) -> None:
     """SIGKILL A mid-stream: once its lease lapses, B resumes the invocation from the journal
     and it completes; the follower through B sees one terminal frame."""
-    async with (
-        open_fake_openai_server(responder=responder()) as model,
-        open_instance(store_url, model) as a,
-        open_instance(store_url, model) as b,
-        a.client() as ca,
-        b.client() as cb,
-    ):
+    async with open_two(store_url) as (model, a, _b, ca, cb):
         with trio.fail_after(60):
             async with (
                 ca.stream("POST", "/run_sse", json=run_body("talk slowly")) as stream,
@@ -305,13 +302,7 @@ async def test_sigterm_ends_runs_cancelled_shutdown_for_another_to_resume(
 ) -> None:
     """SIGTERM A mid-stream: it stops, its invocation ends ``cancelled`` with reason
     ``shutdown`` (journaled; the stream's last frame says so), and B resumes it."""
-    async with (
-        open_fake_openai_server(responder=responder()) as model,
-        open_instance(store_url, model) as a,
-        open_instance(store_url, model) as b,
-        a.client() as ca,
-        b.client() as cb,
-    ):
+    async with open_two(store_url) as (model, a, _b, ca, cb):
         with trio.fail_after(60):
             async with (
                 ca.stream("POST", "/run_sse", json=run_body("talk slowly")) as stream,
@@ -338,13 +329,7 @@ async def test_a_cancel_of_a_dead_instances_run_ends_it(store_url: str) -> None:
     """A dies (SIGKILL) mid-run; a cancel sent to B does not wait forever for an owner that
     will never act: once A's lease lapses, B ends the invocation ``cancelled`` (journaled)
     and answers with that outcome; the session keeps the turn's entry."""
-    async with (
-        open_fake_openai_server(responder=responder()) as model,
-        open_instance(store_url, model) as a,
-        open_instance(store_url, model) as b,
-        a.client() as ca,
-        b.client() as cb,
-    ):
+    async with open_two(store_url) as (model, a, _b, ca, cb):
         with trio.fail_after(60):
             async with (
                 ca.stream("POST", "/run_sse", json=run_body("talk slowly")) as stream,
