@@ -29,7 +29,7 @@ def test_public_names_are_pinned() -> None:
 
 def test_the_server_loads_on_first_use() -> None:
     """``ta.server`` works after ``import trio_agents`` alone (imported on first use)."""
-    assert ta.server.create_app.__module__ == "trio_agents.server._app"
+    assert ta.server.create_app.__module__ == "trio_agents.server._create"
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         _ = ta.nope
 

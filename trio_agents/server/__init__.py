@@ -42,8 +42,8 @@ endpoint answers; a live message is journaled before it can preempt the turn.
 from __future__ import annotations
 
 from ._app import ServerState as ServerState
-from ._app import create_app as create_app
 from ._auth import load_tokens as load_tokens
+from ._create import create_app as create_app
 from ._serve import serve as serve
 
 __all__ = ["ServerState", "create_app", "load_tokens", "serve"]

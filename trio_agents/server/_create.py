@@ -1,0 +1,111 @@
+"""``create_app``: the Starlette app, its routes and middleware, over one :class:`ServerState`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import BaseRoute, Route
+
+from .._exceptions import TrioAgentsError, UsageError
+from ..agents import AgentLike
+from ..runner import Runner
+from ._app import MAX_BODY, ServerState
+from ._auth import Auth
+from ._errors import ApiError, error_response, handle_api_error
+from ._live import live_routes
+from ._openapi import openapi_route
+from ._routes import http_routes
+
+__all__ = ["create_app"]
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    """Starlette's own errors (no such route, method not allowed) in the one JSON body."""
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return error_response(
+        ApiError(exc.status_code, code, str(exc.detail), headers=exc.headers or {})
+    )
+
+
+async def _health(request: Request) -> JSONResponse:
+    state: ServerState = request.app.state.trio_agents
+    return JSONResponse({"status": "shutting_down" if state.shutting_down else "ok"})
+
+
+async def _list_apps(request: Request) -> JSONResponse:
+    state: ServerState = request.app.state.trio_agents
+    state.user(request)
+    return JSONResponse(sorted(state.agents))
+
+
+def create_app(
+    agents: Sequence[AgentLike],
+    *,
+    runner: Runner,
+    tokens: dict[str, str] | None = None,
+    insecure_dev: bool = False,
+    max_body: int = MAX_BODY,
+    max_active_per_user: int = 8,
+    live_send_queue: int = 256,
+    cors_origins: Iterable[str] = (),
+) -> Starlette:
+    """The Starlette app serving ``agents`` (each an app, by its name) through ``runner``.
+
+    ``runner`` must be open while the app serves, and outlive it: the invocations run in
+    its nursery.  ``tokens`` maps bearer tokens to user ids (see :func:`load_tokens`);
+    without any, only ``insecure_dev=True`` serves (every request is believed to be the user
+    it names: for a developer's own machine).  CORS is off unless ``cors_origins`` names
+    origins.  Raises :class:`~trio_agents.UsageError` for a bad configuration.
+    """
+    if not tokens and not insecure_dev:
+        raise UsageError(
+            "the server needs bearer tokens (tokens={...}, --tokens FILE or "
+            "$TRIO_AGENTS_TOKENS); insecure_dev=True serves without them"
+        )
+    state = ServerState(
+        runner,
+        agents,
+        auth=Auth(tokens or {}, insecure_dev=insecure_dev),
+        max_body=max_body,
+        max_active_per_user=max_active_per_user,
+        live_send_queue=live_send_queue,
+    )
+    routes: list[BaseRoute] = [
+        Route("/health", _health, methods=["GET"]),
+        Route("/list-apps", _list_apps, methods=["GET"]),
+        *http_routes(),
+        *live_routes(),
+        openapi_route(),
+    ]
+    middleware = []
+    origins = list(cors_origins)
+    if origins:
+        middleware.append(
+            Middleware(
+                CORSMiddleware,
+                allow_origins=origins,
+                allow_methods=["GET", "POST", "DELETE"],
+                allow_headers=["Authorization", "Content-Type", "Last-Event-ID"],
+            )
+        )
+    app = Starlette(
+        routes=routes,
+        middleware=middleware,
+        exception_handlers={
+            # The library's errors are answers (404, 409, ...), handled like ApiError; only an
+            # unexpected exception reaches the `Exception` handler (a 500, logged).
+            Exception: handle_api_error,
+            ApiError: handle_api_error,
+            TrioAgentsError: handle_api_error,
+            HTTPException: _http_error,
+        },
+    )
+    app.state.trio_agents = state
+    return app
