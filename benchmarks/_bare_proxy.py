@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
 
@@ -30,6 +31,11 @@ from benchmarks._server_apps import MODELS
 
 def make_app(model_url: str) -> Starlette:
     client = httpx2.AsyncClient(timeout=None, limits=httpx2.Limits(max_connections=None))
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with client:  # the app owns its client: closed when the server stops
+            yield
 
     async def run_sse(request: Request) -> EventSourceResponse:
         body = await request.json()
@@ -56,7 +62,7 @@ def make_app(model_url: str) -> Starlette:
 
         return EventSourceResponse(events())
 
-    return Starlette(routes=[Route("/run_sse", run_sse, methods=["POST"])])
+    return Starlette(routes=[Route("/run_sse", run_sse, methods=["POST"])], lifespan=lifespan)
 
 
 async def main(model_url: str) -> None:

@@ -56,26 +56,27 @@ def error_response(error: ApiError) -> JSONResponse:
     )
 
 
+# The library's errors as answers, most specific first (the first class that matches wins).
+_ANSWERS: tuple[tuple[type[Exception], int, str], ...] = (
+    (InvocationNotFound, 404, "invocation_not_found"),
+    (SessionNotFound, 404, "session_not_found"),
+    (SessionBusy, 409, "session_busy"),
+    (GateClosed, 409, "gate_closed"),
+    (LeaseError, 409, "lease_held"),
+    (UsageError, 400, "bad_request"),
+    (StoreUnavailableError, 503, "store_unavailable"),
+    (StoreError, 503, "store_error"),
+)
+
+
 def from_library_error(exc: Exception) -> ApiError:
     """The HTTP meaning of one of the library's errors (an unknown exception is a 500)."""
     if isinstance(exc, ApiError):
         return exc
-    if isinstance(exc, InvocationNotFound):
-        return ApiError(404, "invocation_not_found", str(exc))
-    if isinstance(exc, SessionNotFound):
-        return ApiError(404, "session_not_found", str(exc))
-    if isinstance(exc, SessionBusy):
-        return ApiError(409, "session_busy", str(exc))
-    if isinstance(exc, GateClosed):
-        return ApiError(409, "gate_closed", str(exc))
-    if isinstance(exc, LeaseError):
-        return ApiError(409, "lease_held", str(exc))
-    if isinstance(exc, UsageError):
-        return ApiError(400, "bad_request", str(exc))
-    if isinstance(exc, StoreUnavailableError):
-        return ApiError(503, "store_unavailable", str(exc), headers={"Retry-After": "1"})
-    if isinstance(exc, StoreError):
-        return ApiError(503, "store_error", str(exc))
+    for kind, status, code in _ANSWERS:
+        if isinstance(exc, kind):
+            headers = {"Retry-After": "1"} if kind is StoreUnavailableError else None
+            return ApiError(status, code, str(exc), headers=headers)
     return ApiError(500, "internal_error", f"{type(exc).__name__}: the server failed")
 
 
