@@ -7,7 +7,8 @@ import pytest
 import trio_agents as ta
 
 PUBLIC = {
-    "Agent", "AssistantMessage", "AuthenticationError", "BadRequestError", "CancelMode",
+    "Agent", "AssistantMessage", "AuthenticationError", "BadRequestError", "Batch",
+    "BatchNotFound", "CancelMode", "Job", "Progress", "batch",
     "CorruptRecordError", "EventStream", "GateClosed", "Hooks", "Invocation", "InvocationInfo",
     "InvocationNotFound", "LeaseError", "Loop", "LoopEventStream", "MalformedStreamError",
     "MaxTurnsExceeded", "Message", "ModelConnectionError", "ModelError", "ModelRequest",

@@ -7,11 +7,13 @@ is journaled and resumable in any process.
 
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 
+from . import batch as batch
 from . import events as events
 from . import models as models
 from . import stores as stores
 from ._exceptions import AuthenticationError as AuthenticationError
 from ._exceptions import BadRequestError as BadRequestError
+from ._exceptions import BatchNotFound as BatchNotFound
 from ._exceptions import CorruptRecordError as CorruptRecordError
 from ._exceptions import GateClosed as GateClosed
 from ._exceptions import InvocationNotFound as InvocationNotFound
@@ -40,6 +42,8 @@ from .agents import Agent as Agent
 from .agents import Loop as Loop
 from .agents import Parallel as Parallel
 from .agents import Sequential as Sequential
+from .batch import Batch as Batch
+from .batch import Progress as Progress
 from .hooks import Hooks as Hooks
 from .hooks import InvocationInfo as InvocationInfo
 from .messages import AssistantMessage as AssistantMessage
@@ -57,6 +61,7 @@ from .runner import EventStream as EventStream
 from .runner import Invocation as Invocation
 from .runner import Outcome as Outcome
 from .runner import Runner as Runner
+from .stores import Job as Job
 from .tools import Tool as Tool
 from .tools import ToolContext as ToolContext
 from .tools import tool as tool

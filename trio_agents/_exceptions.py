@@ -30,6 +30,7 @@ world outside, and signals are kept apart::
     └── StoreError                         the store could not do what was asked
         ├── InvocationNotFound (KeyError)  no invocation with that id
         ├── SessionNotFound (KeyError)     no session with that id
+        ├── BatchNotFound (KeyError)       no batch with that id
         ├── CorruptRecordError             a stored record that cannot be read (or a future
         │                                  version of one)
         ├── LeaseError                     another process owns the invocation (or owned it
@@ -47,6 +48,7 @@ from __future__ import annotations
 __all__ = [
     "AuthenticationError",
     "BadRequestError",
+    "BatchNotFound",
     "CorruptRecordError",
     "GateClosed",
     "InvocationNotFound",
@@ -240,6 +242,13 @@ class InvocationNotFound(StoreError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "invocation not found"
+
+
+class BatchNotFound(StoreError, KeyError):
+    """No batch with that id is known to the store."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "batch not found"
 
 
 class SessionNotFound(StoreError, KeyError):

@@ -73,7 +73,7 @@ import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import attrs
@@ -89,10 +89,12 @@ from ._upkeep import renew_leases, watch_requests
 from ._writer import JournalWriter
 from .agents._context import AgentLike
 from .agents._models import models_of
+from .batch import Batch, open_batch, serve_batches
 from .events import ApprovalRequested, CancelMode, Event, EventId, check_cancel_mode
 from .hooks import HookSet
 from .models._base import Model
 from .stores._base import ApprovalDecision, CancelRequest, InvocationRecord, JournalWrite, Store
+from .stores._batches import BatchRecord, JobStatus
 from .stores._open import open_store
 from .tools import _to_text
 from .turnloop import LOOP_PREFIX, LoopEventStream, Policy, TurnLoop, loop_id, open_turn_loop
@@ -437,6 +439,67 @@ class Runner:
         )
         await self._launch(nursery, inv)
         return inv
+
+    # ---- batches ---------------------------------------------------------------------------
+
+    def open_batch(
+        self,
+        agent: AgentLike,
+        *,
+        batch_id: str,
+        concurrency: int = 64,
+        requeue: Sequence[JobStatus] = ("cancelled",),
+    ) -> AbstractAsyncContextManager[Batch]:
+        """Open batch ``batch_id`` of ``agent`` (create it, or reopen it to re-run): an async
+        context manager giving a :class:`~trio_agents.batch.Batch`.
+
+        While open, up to ``concurrency`` of its jobs run here (``0``: submit and follow
+        only; workers run them).  Reopening skips completed jobs, resumes interrupted ones and
+        runs jobs whose status is in ``requeue`` again.  Leaving the block waits for the batch
+        (:meth:`Batch.wait`); a cancel of it ends the jobs running here ``cancelled``
+        (``shutdown``), resumable.  Raises :class:`~trio_agents.UsageError` if the batch
+        exists for another agent.  See :mod:`trio_agents.batch`.
+        """
+        self._check_open()
+        self._agents[getattr(agent, "name", "")] = agent
+        return open_batch(
+            self,
+            agent,
+            batch_id=batch_id,
+            concurrency=concurrency,
+            requeue=requeue,
+            poll_interval=min(self.cancel_poll_interval, 0.25),
+        )
+
+    async def serve_batches(
+        self,
+        agents: Sequence[AgentLike],
+        *,
+        concurrency: int = 64,
+        task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Run jobs of every open batch of ``agents`` (any process may submit them), up to
+        ``concurrency`` at once, until cancelled; a cancel ends the jobs running here
+        ``cancelled`` (``shutdown``), resumable by any worker.  Jobs of a dead worker are
+        taken over once their leases lapse."""
+        self._check_open()
+        for agent in agents:
+            self._agents[getattr(agent, "name", "")] = agent
+        await serve_batches(
+            self,
+            agents,
+            concurrency=concurrency,
+            poll_interval=min(self.cancel_poll_interval, 0.25),
+            task_status=task_status,
+        )
+
+    async def cancel_batch(
+        self, batch_id: str, *, mode: CancelMode = "immediate", reason: str | None = None
+    ) -> BatchRecord:
+        """Cancel batch ``batch_id`` wherever its jobs run (each process running some cancels
+        them at its next look, within a quarter second); return the batch as stored.  Raises
+        :class:`~trio_agents.BatchNotFound`."""
+        return await self.store.cancel_batch(batch_id, mode=check_cancel_mode(mode), reason=reason)
 
     # ---- turn loops ------------------------------------------------------------------------
 

@@ -19,6 +19,12 @@ from ._base import Lease as Lease
 from ._base import Session as Session
 from ._base import SessionEntry as SessionEntry
 from ._base import Store as Store
+from ._batches import BatchRecord as BatchRecord
+from ._batches import ClaimedJob as ClaimedJob
+from ._batches import FinishedJob as FinishedJob
+from ._batches import Job as Job
+from ._batches import JobEnd as JobEnd
+from ._batches import JobStatus as JobStatus
 from ._open import open_store as open_store
 from ._open import store_from_url as store_from_url
 from .memory import MemoryStore as MemoryStore

@@ -62,6 +62,7 @@ import attrs
 from .._exceptions import LeaseError, StoreError, UsageError
 from ..events import CancelMode, Event, EventId, GateState
 from ..messages import Message
+from ._batches import BatchStore
 
 __all__ = [
     "JSON",
@@ -247,8 +248,9 @@ CommitResult: TypeAlias = "StoreError | UsageError | None"
 
 
 @runtime_checkable
-class Store(Protocol):
-    """Storage for invocations and sessions.  See the module docstring for the contract.
+class Store(BatchStore, Protocol):
+    """Storage for invocations, sessions and batches.  See the module docstring for the
+    contract (and :mod:`._batches` for batches).
 
     A store owns its connections (and, for SQL stores, the worker threads it calls them in);
     :meth:`aclose` releases them.  Every method may raise

@@ -130,6 +130,44 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     ("CREATE INDEX sessions_by_user ON sessions (user_id, id)",),
     # 6: a cancel request's grace (a cooperative mode's deadline, across processes).
     ("ALTER TABLE cancel_requests ADD COLUMN grace DOUBLE PRECISION",),
+    # 7: batches and their jobs (see ._batches and ._sql_batch).
+    (
+        """CREATE TABLE batches (
+            id TEXT PRIMARY KEY,
+            agent TEXT NOT NULL,
+            status TEXT NOT NULL,
+            cancel_mode TEXT,
+            cancel_reason TEXT,
+            created_at DOUBLE PRECISION NOT NULL,
+            updated_at DOUBLE PRECISION NOT NULL,
+            next_seq BIGINT NOT NULL,
+            finished_seq BIGINT NOT NULL
+        )""",
+        """CREATE TABLE batch_jobs (
+            batch_id TEXT NOT NULL REFERENCES batches (id) ON DELETE CASCADE,
+            key TEXT NOT NULL,
+            seq BIGINT NOT NULL,
+            digest TEXT NOT NULL,
+            invocation_id TEXT NOT NULL,
+            prompt TEXT NOT NULL,
+            user_id TEXT,
+            session_id TEXT,
+            metadata TEXT NOT NULL,
+            status TEXT NOT NULL,
+            owner TEXT,
+            token BIGINT NOT NULL,
+            claimed_until DOUBLE PRECISION NOT NULL,
+            not_before DOUBLE PRECISION NOT NULL,
+            attempts BIGINT NOT NULL,
+            finished_seq BIGINT,
+            outcome TEXT,
+            updated_at DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (batch_id, key)
+        )""",
+        "CREATE INDEX batch_jobs_by_status ON batch_jobs (status, batch_id, seq)",
+        "CREATE INDEX batch_jobs_finished ON batch_jobs (batch_id, finished_seq)",
+        "CREATE UNIQUE INDEX batch_jobs_invocation ON batch_jobs (invocation_id)",
+    ),
 )
 
 _COLUMNS: Final = (

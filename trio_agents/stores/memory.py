@@ -40,6 +40,7 @@ from ._base import (
     Session,
     SessionEntry,
 )
+from ._memory_batch import MemoryBatches, _Batch
 from ._records import (
     apply_state_delta,
     check_json_object,
@@ -56,7 +57,7 @@ from ._records import (
 __all__ = ["MemoryStore"]
 
 
-class MemoryStore:
+class MemoryStore(MemoryBatches):
     """Keeps everything in dicts.  ``clock`` (Unix seconds) is injectable for lease tests.
 
     :meth:`wait_for_requests` and :meth:`wait_for_events` wait on trio time, so they run under
@@ -75,6 +76,7 @@ class MemoryStore:
         self._poke = trio.Event()
         self._readers: dict[str, trio.lowlevel.ParkingLot] = {}  # wait_for_events, by invocation
         self._sessions: dict[str, Session] = {}
+        self._batches: dict[str, _Batch] = {}
 
     def __repr__(self) -> str:
         return "MemoryStore()"

@@ -68,6 +68,7 @@ from ._base import (
 )
 from ._pg_listen import Listener
 from ._pg_tx import CHANNEL, EVENTS_CHANNEL, Tx, channel_name
+from ._sql_batch import SQLBatches
 from ._threads import Aborted, run_interruptible
 
 __all__ = ["PostgresStore"]
@@ -76,7 +77,7 @@ T = TypeVar("T")
 Conn = psycopg.Connection[TupleRow]
 
 
-class PostgresStore:
+class PostgresStore(SQLBatches):
     """A :class:`~trio_agents.stores.Store` in PostgreSQL.  See the module docstring.
 
     Args:
@@ -231,8 +232,9 @@ class PostgresStore:
         if conn is not None:
             conn.cancel_safe(timeout=self._connect_timeout)
 
-    async def _run(self, fn: Callable[[_sql.Tx], T]) -> T:
-        """Run ``fn`` in one transaction on a pooled connection, cancellably."""
+    async def _run(self, fn: Callable[[_sql.Tx], T], *, write: bool = True) -> T:
+        """Run ``fn`` in one transaction on a pooled connection, cancellably (every
+        transaction may write: ``write`` is there for the methods shared with SQLite)."""
         if self._pool is None:
             await self.open()
         pool = self._pool

@@ -74,6 +74,7 @@ from ._base import (
     Session,
     SessionEntry,
 )
+from ._sql_batch import SQLBatches
 from ._threads import Aborted, run_interruptible
 from ._turns import Turns
 
@@ -118,7 +119,7 @@ def _code(exc: sqlite3.Error) -> int:
     return getattr(exc, "sqlite_errorcode", 0) & 0xFF
 
 
-class SQLiteStore:
+class SQLiteStore(SQLBatches):
     """A :class:`~trio_agents.stores.Store` in one SQLite file.  See the module docstring.
 
     Args:
