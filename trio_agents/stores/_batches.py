@@ -68,6 +68,10 @@ BATCH_STATUSES: Final = frozenset({"open", "cancelled"})
 _MAX_KEY: Final = 512
 
 
+def _as_dict(value: Mapping[str, object]) -> dict[str, object]:
+    return dict(value)
+
+
 def _check_metadata(instance: object, attribute: object, value: Mapping[str, object]) -> None:
     try:
         json.dumps(dict(value), allow_nan=False)
@@ -89,6 +93,7 @@ def _check_optional_str(
 
 
 def _default_key(job: Job) -> str:
+    _check_metadata(job, None, job.metadata)  # the key is made before validators run
     payload = json.dumps(
         [job.prompt, job.session_id, job.user_id, dict(job.metadata)],
         sort_keys=True,
@@ -121,7 +126,7 @@ class Job:
     session_id: str | None = attrs.field(default=None, validator=_check_optional_str)
     user_id: str | None = attrs.field(default=None, validator=_check_optional_str)
     metadata: Mapping[str, object] = attrs.field(
-        factory=dict, converter=dict, validator=_check_metadata, hash=False
+        factory=dict, converter=_as_dict, validator=_check_metadata, hash=False
     )
     key: str = attrs.field(
         default=attrs.Factory(_default_key, takes_self=True), validator=_check_key
