@@ -8,7 +8,11 @@ from ._base import TextChunk as TextChunk
 from ._base import ToolCallChunk as ToolCallChunk
 from ._config import RetryPolicy as RetryPolicy
 from ._config import Timeouts as Timeouts
-from ._http import HTTPProvider as HTTPProvider
+from ._limiter import EndpointLimiter as EndpointLimiter
+from ._limiter import LimiterStatistics as LimiterStatistics
+from ._limiter import RequestSlot as RequestSlot
+from ._limiter import endpoint_limiter as endpoint_limiter
+from ._provider import HTTPProvider as HTTPProvider
 from .anthropic import Anthropic as Anthropic
 from .openai import OpenAIChat as OpenAIChat
 from .openai_responses import OpenAIResponses as OpenAIResponses

@@ -102,10 +102,17 @@ class RetryPolicy:
     ``[0, min(max_backoff, initial_backoff * 2**retry)]``) unless the server said how long to
     wait (``Retry-After`` / ``retry-after-ms``), which is honoured up to ``max_retry_after``.
 
+    A 429 is counted against ``max_rate_limited_retries``, every other retryable error against
+    ``max_retries``: in a rate-limit storm a request waits its turn (the endpoint's
+    :class:`~._limiter.EndpointLimiter` pauses and lowers its concurrency) instead of failing
+    after a couple of attempts.  A 429 or 529 pauses the whole endpoint for the backoff this
+    policy gives; the retry then waits for that pause rather than sleeping on its own.
+
     ``rng`` is the source of the jitter; pass ``random.Random(seed)`` for deterministic tests.
     """
 
     max_retries: int = attrs.field(default=2, validator=attrs.validators.ge(0))
+    max_rate_limited_retries: int = attrs.field(default=20, validator=attrs.validators.ge(0))
     initial_backoff: float = 0.5
     max_backoff: float = 8.0
     max_retry_after: float = 60.0

@@ -2,39 +2,42 @@
 
 This is the only module of trio_agents that imports ``httpx2``.  It owns:
 
-- :class:`HTTPProvider` - *where and how* to reach a model server (base URL, API key, headers,
-  :class:`Timeouts`, :class:`RetryPolicy`, an optional injected ``httpx2.AsyncClient``), kept
-  apart from the *wire format*, which a model class (``OpenAIChat``, ``Anthropic``, ...) knows.
 - :class:`HTTPSession` - sends streamed requests for one provider; an async context manager
   that holds a client while open (its own, or an injected one it never closes).
   :meth:`HTTPSession.stream_sse` is the generic streamed turn: POST, map error statuses
-  (retrying what may succeed), then yield an :class:`SSEStream`.
+  (retrying what may succeed, through the endpoint's :class:`~._limiter.EndpointLimiter`),
+  then yield an :class:`SSEStream`.
 - the error boundary: :func:`transport_error` turns httpx2 exceptions into
   :class:`~trio_agents.ModelError` subclasses; error statuses go through
   :func:`~._config.status_error`.
 
-The pure pieces (:class:`Timeouts`, :class:`RetryPolicy`, :class:`ServerSentEvent`,
-:class:`SSEDecoder`, :class:`StreamParser`, the status mapping) live in :mod:`._config` and are
-re-exported here.  SSE decoding uses no httpx2 API: :mod:`._config` says why it is our own.
+:class:`HTTPProvider` - *where and how* to reach a model server (base URL, API key, headers,
+:class:`Timeouts`, :class:`RetryPolicy`, an optional injected ``httpx2.AsyncClient``, the rate
+limiter), kept apart from the *wire format*, which a model class (``OpenAIChat``,
+``Anthropic``, ...) knows - lives in :mod:`._provider`.  Retries and the endpoint's shared rate
+limiter are :mod:`._limiter`'s.  The pure pieces (:class:`Timeouts`, :class:`RetryPolicy`,
+:class:`ServerSentEvent`, :class:`SSEDecoder`, :class:`StreamParser`, the status mapping) live
+in :mod:`._config`.  All are re-exported here.  SSE decoding uses no httpx2 API:
+:mod:`._config` says why it is our own.
 
-Cancellation: nothing here catches ``trio.Cancelled``.  A cancel during a backoff sleep ends it at
-once; a cancel while the stream is open closes the response (httpcore closes the socket under a
-shield), so the server sees the disconnect.
+Cancellation: nothing here catches ``trio.Cancelled``.  A cancel during a backoff sleep, or while
+waiting for the endpoint's pause or a slot, ends it at once; a cancel while the stream is open
+closes the response (httpcore closes the socket under a shield), so the server sees the
+disconnect, and then gives the slot back.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import math
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from functools import partial
 from types import TracebackType
 from typing import Any, Final, Self, TypeAlias
 
-import attrs
 import httpx2
 import trio
 
@@ -59,6 +62,8 @@ from ._config import Timeouts as Timeouts
 from ._config import parse_retry_after as parse_retry_after
 from ._config import provider_error_details as provider_error_details
 from ._config import status_error as status_error
+from ._limiter import open_attempts
+from ._provider import HTTPProvider as HTTPProvider
 
 __all__ = [
     "HTTPClient",
@@ -76,8 +81,6 @@ __all__ = [
     "transport_error",
 ]
 
-logger = logging.getLogger("trio_agents.models")
-
 #: The client type a provider may be given (models name it through this alias, so that this
 #: module stays the only one importing httpx2).
 HTTPClient: TypeAlias = httpx2.AsyncClient
@@ -90,41 +93,6 @@ _DRAIN_SECONDS: Final = 2.0
 #: Deadline of the shielded cleanup that closes a response.  Closing releases local resources
 #: only (it never waits on the server), so this is a safety net, not a wait.
 _CLOSE_SECONDS: Final = 1.0
-
-
-def _check_base_url(instance: object, attribute: object, value: str) -> None:
-    if not value.startswith(("http://", "https://")):
-        raise UsageError(f"base_url must start with http:// or https://, got {value!r}")
-
-
-@attrs.frozen(kw_only=True)
-class HTTPProvider:
-    """Where and how to reach one model server; the wire format is the model class's business.
-
-    Attributes:
-        base_url: e.g. ``https://api.openai.com/v1``; request paths are appended to it.
-        api_key: the credential; the model class decides which header carries it.
-        headers: extra headers sent with every request (they win over the defaults).
-        timeout: see :class:`Timeouts`.
-        retry: see :class:`RetryPolicy`.
-        http_client: an ``httpx2.AsyncClient`` to use (its transport, limits and proxies; our
-            :class:`Timeouts` still apply per request).  An injected client belongs to the
-            caller and is never closed by us; without one, the :class:`HTTPSession` makes one
-            when it is opened and closes it when the last holder leaves.
-        max_connections: connection limit of a client we make ourselves (``None``: no limit).
-    """
-
-    base_url: str = attrs.field(validator=_check_base_url)
-    api_key: str | None = attrs.field(default=None, repr=False)
-    headers: Mapping[str, str] = attrs.field(factory=dict)
-    timeout: Timeouts = Timeouts()
-    retry: RetryPolicy = attrs.field(factory=RetryPolicy)
-    http_client: httpx2.AsyncClient | None = attrs.field(default=None, eq=False, repr=False)
-    max_connections: int | None = 1000
-
-    def url(self, path: str) -> str:
-        """``base_url`` joined with ``path`` by exactly one slash."""
-        return f"{self.base_url.rstrip('/')}/{path.lstrip('/')}"
 
 
 # --- the error boundary -------------------------------------------------------------------------
@@ -394,9 +362,13 @@ class HTTPSession:
 
         ``new_parser(request_id)`` makes the provider's parser once a 2xx response arrived.
         Error statuses and connection failures raise :class:`~trio_agents.ModelError`
-        subclasses, after the retries the :class:`RetryPolicy` allows.  The whole block runs
-        under ``timeout.turn``; when it fires, :class:`ModelTimeoutError` is raised.  Leaving the
-        block (normally, on an error, or on cancel) closes the response and its connection.
+        subclasses, after the retries the :class:`RetryPolicy` allows.  Each attempt holds a
+        slot of the provider's limiter (:meth:`HTTPProvider.current_limiter`) from before it
+        is sent until its response is closed (see :func:`~._limiter.open_attempts`).  The whole
+        block runs under ``timeout.turn`` (waiting for a slot or the endpoint's pause
+        included); when it fires, :class:`ModelTimeoutError` is raised.  Leaving the block
+        (normally, on an error, or on cancel) closes the response and its connection, then
+        gives the slot back.
         """
         url = self.config.url(path)
         turn = self.config.timeout.turn
@@ -423,31 +395,19 @@ class HTTPSession:
     async def _open_response(
         self, url: str, body: Mapping[str, Any], headers: Mapping[str, str]
     ) -> AsyncIterator[httpx2.Response]:
-        response = await self._send_with_retry(url, body, headers)
-        try:
-            yield response
-        finally:
-            # Shielded, so that a cancel still closes the connection and the server sees the
-            # disconnect at once.
-            with trio.move_on_after(_CLOSE_SECONDS, shield=True):
-                await response.aclose()
-
-    async def _send_with_retry(
-        self, url: str, body: Mapping[str, Any], headers: Mapping[str, str]
-    ) -> httpx2.Response:
-        policy = self.config.retry
-        retry = 0
-        while True:
+        async with open_attempts(
+            partial(self._send_once, url, body, headers),
+            policy=self.config.retry,
+            limiter=self.config.current_limiter(),
+            url=url,
+        ) as response:
             try:
-                return await self._send_once(url, body, headers)
-            except ModelError as exc:
-                if not exc.retryable or retry >= policy.max_retries:
-                    raise
-                delay = policy.backoff(retry, exc.retry_after)
-                logger.info("retrying %s in %.2fs after: %s", url, delay, exc)
-            # A plain sleep: a cancel (or the turn deadline) ends the backoff at once.
-            await trio.sleep(delay)
-            retry += 1
+                yield response
+            finally:
+                # Shielded, so that a cancel still closes the connection and the server sees
+                # the disconnect at once; the slot is given back after.
+                with trio.move_on_after(_CLOSE_SECONDS, shield=True):
+                    await response.aclose()
 
     async def _send_once(
         self, url: str, body: Mapping[str, Any], headers: Mapping[str, str]
