@@ -426,9 +426,10 @@ async def test_thinking_and_tool_calls_round_trip_through_an_agent() -> None:
 async def test_529_is_overloaded_with_anthropics_message_and_request_id(
     autojump_clock: trio.abc.Clock,
 ) -> None:
-    """529 is retried (it may pass), then raised as :class:`OverloadedError` with Anthropic's
-    words, the ``request-id`` header and the error type as code."""
-    retry = RetryPolicy(max_retries=1, rng=random.Random(0))
+    """529 is retried within the rate-limit budget (it may pass), then raised as
+    :class:`OverloadedError` with Anthropic's words, the ``request-id`` header and the error
+    type as code."""
+    retry = RetryPolicy(max_retries=1, max_rate_limited_retries=1, rng=random.Random(0))
     with trio.fail_after(60):
         async with open_fake_anthropic_server() as server, model_for(server, retry=retry) as m:
             server.enqueue(

@@ -83,10 +83,11 @@ async def test_overloaded_is_retried_then_fails_with_the_providers_message(
     wire: Wire, autojump_clock: trio.abc.Clock
 ) -> None:
     """503 (OpenAI) / 529 (Anthropic) on every attempt: retried, then failed as
-    ``OverloadedError`` carrying the last answer's message and request id."""
+    ``OverloadedError`` carrying the last answer's message and request id.  (A 529 pauses the
+    endpoint and is retried within the rate-limit budget, a 503 within ``max_retries``.)"""
     status = wire.overloaded_status
     plans = [wire.error(status, f"busy {i}", request_id=f"req_{i}") for i in range(3)]
-    retry = RetryPolicy(max_retries=2, rng=random.Random(0))
+    retry = RetryPolicy(max_retries=2, max_rate_limited_retries=2, rng=random.Random(0))
     outcome, server, _ = await run_agent(wire, plans, retry=retry)
     assert outcome.status == "failed"
     assert outcome.error is not None

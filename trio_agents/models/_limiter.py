@@ -376,7 +376,7 @@ async def open_attempts(
                 result = await send()
             except ModelError as exc:
                 error = exc
-                own_budget = exc.status_code == 429
+                own_budget = exc.status_code in RATE_LIMIT_STATUSES
                 retry = rate_limited_retries if own_budget else retries
                 pause: float | None = None
                 limited = exc.retryable and exc.status_code in RATE_LIMIT_STATUSES
