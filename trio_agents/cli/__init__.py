@@ -3,6 +3,9 @@
 ``trio-agents demo``                      the offline demo (no API key, no network)
 ``trio-agents run module:agent "prompt"`` run an agent against a real endpoint; Ctrl-C cancels
 ``trio-agents serve module:agent [...]``  the HTTP / SSE / WebSocket server (see trio_agents.server)
+``trio-agents batch jobs.jsonl --agent module:agent``  a resumable batch (see trio_agents.batch)
+``trio-agents batch cancel|status BATCH_ID``         cancel a batch everywhere, or show it
+``trio-agents worker module:agent --store postgresql://...``  run queued batch jobs
 
 A tool that requires approval is put to the person at the terminal (``y`` approves; anything
 else, or the end of stdin, declines).
@@ -141,9 +144,15 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds an invocation's lease lasts: how soon another instance may resume "
         "the invocations of one that died (default 30)",
     )
+    _add_batch_commands(sub)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["batch"] and argv[1:2] in (["cancel"], ["status"]):
+        argv = [f"batch-{argv[1]}", *argv[2:]]
     args = parser.parse_args(argv)
     console = Console(highlight=False)
     try:
+        if args.command.startswith("batch") or args.command == "worker":
+            return _batch_command(console, args)
         if args.command == "demo":
             from .._demo import run_demo
 
@@ -157,6 +166,100 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[red]error:[/] {exc}")
         return 2
     return {"completed": 0, "cancelled": 130}.get(outcome.status, 1)
+
+
+def _add_batch_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    store_help = f"store URL (default {DEFAULT_STORE}; postgresql://... for many workers)"
+    batch = sub.add_parser(
+        "batch",
+        help="run the jobs of a JSONL file as a resumable batch",
+        description="Run every job of JOBS (one JSON object with a prompt per line) as a "
+        "resumable batch; 'batch cancel ID' and 'batch status ID' act on a batch.",
+    )
+    batch.add_argument("jobs", type=Path, help="the jobs file (JSONL)")
+    batch.add_argument("--agent", required=True, help="module:attribute of the Agent")
+    batch.add_argument("--store", default=DEFAULT_STORE, help=store_help)
+    batch.add_argument(
+        "--concurrency",
+        type=int,
+        default=64,
+        help="jobs run here at once (0: only submit and follow; workers run them)",
+    )
+    batch.add_argument("--batch-id", help="default: the file's name and a hash of its path")
+    batch.add_argument("--out", type=Path, help="outcomes JSONL (default: JOBS.outcomes.jsonl)")
+    batch.add_argument(
+        "--skip-bad",
+        action="store_true",
+        help="skip lines that are not jobs (default: refuse the file)",
+    )
+    batch.add_argument(
+        "--requeue",
+        action="append",
+        choices=["failed", "paused"],
+        default=[],
+        help="also run again the jobs that ended so (cancelled ones always do)",
+    )
+    batch.add_argument("--lease-ttl", type=float, default=30.0)
+    cancel = sub.add_parser("batch-cancel", help="cancel a batch wherever its jobs run")
+    cancel.add_argument("batch_id")
+    cancel.add_argument("--store", default=DEFAULT_STORE, help=store_help)
+    cancel.add_argument(
+        "--mode", default="immediate", choices=["immediate", "after_tools", "after_turn"]
+    )
+    cancel.add_argument("--reason", default="cancelled from the command line")
+    status = sub.add_parser("batch-status", help="a batch's jobs per status")
+    status.add_argument("batch_id")
+    status.add_argument("--store", default=DEFAULT_STORE, help=store_help)
+    worker = sub.add_parser("worker", help="run queued batch jobs until SIGTERM")
+    worker.add_argument("agents", nargs="+", help="module:attribute of each Agent")
+    worker.add_argument("--store", default=DEFAULT_STORE, help=store_help)
+    worker.add_argument("--concurrency", type=int, default=64)
+    worker.add_argument("--lease-ttl", type=float, default=30.0)
+
+
+def _batch_command(console: Console, args: argparse.Namespace) -> int:
+    from . import _batch
+
+    if args.command == "batch-cancel":
+        run = partial(
+            _batch.cancel_batch,
+            console,
+            args.batch_id,
+            store=args.store,
+            mode=args.mode,
+            reason=args.reason,
+        )
+        return trio.run(run)
+    if args.command == "batch-status":
+        return trio.run(partial(_batch.batch_status, console, args.batch_id, store=args.store))
+    if args.command == "worker":
+        agents = [_load_agent(spec) for spec in args.agents]
+        run = partial(
+            _batch.run_worker,
+            console,
+            agents,
+            store=args.store,
+            concurrency=args.concurrency,
+            lease_ttl=args.lease_ttl,
+        )
+        return trio.run(run)
+    agent = _load_agent(args.agent)
+    jobs: Path = args.jobs
+    out = args.out if args.out is not None else jobs.with_name(f"{jobs.stem}.outcomes.jsonl")
+    run = partial(
+        _batch.run_batch,
+        console,
+        agent,
+        jobs,
+        store=args.store,
+        batch_id=args.batch_id or _batch.default_batch_id(jobs),
+        concurrency=args.concurrency,
+        out=out,
+        skip_bad=args.skip_bad,
+        requeue=["cancelled", *args.requeue],
+        lease_ttl=args.lease_ttl,
+    )
+    return trio.run(run)
 
 
 def _serve(console: Console, args: argparse.Namespace) -> int:

@@ -1,0 +1,280 @@
+"""``trio-agents batch`` and ``trio-agents worker``: batches from the command line.
+
+``batch JOBS.jsonl --agent m:agent`` submits the file's jobs to a batch (its id: ``--batch-id``,
+by default the file's name and a hash of its path, so running the same command again re-runs
+the same batch) and runs them here (``--concurrency``; ``0`` leaves them to workers), with a
+progress bar, outcomes appended to ``--out`` as jobs end, and a summary table.  The first
+Ctrl-C (or SIGTERM) cancels the jobs running here, each journaled ``cancelled``
+(``shutdown``); the next run resumes them.  Exit status: 0 when every job completed, 1 when
+some did not, 130 after Ctrl-C, 2 for bad input.
+
+``worker m:agent --store postgresql://...`` runs jobs of every open batch of its agents until
+SIGTERM or Ctrl-C; ``batch cancel ID`` cancels a batch wherever its jobs run; ``batch status
+ID`` prints its counts.
+
+Jobs run without a person at a terminal: one that asks for approval ends ``paused`` at once
+(``--requeue paused`` on a later run resumes it once decided).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import signal
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+
+import trio
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+from .._batch_pump import Pump
+from .._exceptions import UsageError
+from ..agents import AgentLike
+from ..batch import Batch
+from ..batch import Progress as BatchProgress
+from ..runner import Runner
+from ..stores._batches import Job, JobStatus
+from ..stores._open import open_store
+from ._jobs_file import OutcomesFile, read_jobs, statuses
+
+__all__ = ["batch_status", "cancel_batch", "default_batch_id", "run_batch", "run_worker"]
+
+_FOLLOW = 0.25  # seconds between two looks at the batch
+
+
+def default_batch_id(path: Path) -> str:
+    digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]
+    return f"{path.stem}-{digest}"
+
+
+async def _on_signal(scope: trio.CancelScope, got: list[int]) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            got.append(signum)
+            scope.cancel()
+
+
+def _rate(progress: BatchProgress) -> str:
+    if progress.rate is None:
+        return ""
+    eta = f", ETA {progress.eta:.0f}s" if progress.eta is not None else ""
+    return f"{progress.rate:.1f} jobs/s{eta}"
+
+
+async def _follow(batch: Batch, bar: Progress, task: TaskID, outcomes: OutcomesFile | None) -> None:
+    while True:
+        progress = await batch.refresh()
+        await _write_outcomes(batch, outcomes)
+        counts = {
+            "completed": progress.completed,
+            "failed": progress.failed,
+            "running": progress.running,
+            "queued": progress.queued,
+            "cancelled": progress.cancelled,
+            "paused": progress.paused,
+        }
+        bar.update(
+            task,
+            total=progress.total,
+            completed=progress.ended,
+            counts=statuses(counts),
+            rate=_rate(progress),
+        )
+        await trio.sleep(_FOLLOW)
+
+
+async def _write_outcomes(batch: Batch, outcomes: OutcomesFile | None) -> None:
+    if outcomes is None:
+        return
+    while True:
+        found = await batch.finished(after=outcomes.cursor, limit=1000)
+        outcomes.append(found)
+        if len(found) < 1000:
+            return
+
+
+def _summary(console: Console, progress: BatchProgress) -> None:
+    table = Table(title=f"batch {progress.batch_id}")
+    table.add_column("status")
+    table.add_column("jobs", justify="right")
+    for status in ("completed", "failed", "cancelled", "paused", "running", "queued"):
+        n = getattr(progress, status)
+        if n or status == "completed":
+            table.add_row(status, str(n))
+    table.add_row("total", str(progress.total), style="bold")
+    console.print(table)
+
+
+async def run_batch(
+    console: Console,
+    agent: AgentLike,
+    jobs_file: Path,
+    *,
+    store: str,
+    batch_id: str,
+    concurrency: int,
+    out: Path | None,
+    skip_bad: bool,
+    requeue: Sequence[JobStatus],
+    lease_ttl: float = 30.0,
+) -> int:
+    """Run the batch of ``jobs_file``; return the exit status (see the module docstring)."""
+    jobs, bad = read_jobs(jobs_file)
+    for line in bad:
+        console.print(f"{jobs_file}: {line}", markup=False)
+    if bad and not skip_bad:
+        raise UsageError(
+            f"{len(bad)} line(s) of {str(jobs_file)!r} are not jobs (see above); fix them, "
+            "or pass --skip-bad to run the others"
+        )
+    if not jobs:
+        raise UsageError(f"no job in {str(jobs_file)!r} to run")
+    got: list[int] = []
+    async with Runner(store, agents=[agent], lease_ttl=lease_ttl, approval_timeout=0) as runner:
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as signals:
+                signals.start_soon(_on_signal, scope, got)
+                progress = await _run_batch(
+                    console, runner, agent, jobs, batch_id, concurrency, out, requeue
+                )
+                signals.cancel_scope.cancel()
+        if scope.cancelled_caught:
+            progress = await _after_cancel(runner, batch_id, out)
+    _summary(console, progress)
+    if got:
+        console.print(
+            f"interrupted: the jobs running here were cancelled and journaled; run the same "
+            f"command again to resume batch {batch_id}",
+            markup=False,
+        )
+        return 130
+    return 0 if progress.completed == progress.total else 1
+
+
+async def _run_batch(
+    console: Console,
+    runner: Runner,
+    agent: AgentLike,
+    jobs: list[Job],
+    batch_id: str,
+    concurrency: int,
+    out: Path | None,
+    requeue: Sequence[JobStatus],
+) -> BatchProgress:
+    async with runner.open_batch(
+        agent, batch_id=batch_id, concurrency=concurrency, requeue=requeue
+    ) as batch:
+        added = await batch.submit_many(jobs)
+        # Failed jobs that run again lose their line: each job has one, its last ending.
+        again = {"failed"} & set(requeue)
+        outcomes = OutcomesFile(out, forget_status=again) if out is not None else None
+        console.print(
+            f"batch {batch_id}: {added} new job(s), {len(jobs) - added} known; "
+            f"concurrency {concurrency}" + (f"; outcomes in {out}" if out is not None else ""),
+            markup=False,
+        )
+        with Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[counts]}"),
+            TextColumn("{task.fields[rate]}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        ) as bar:
+            task = bar.add_task(batch_id, total=len(jobs), counts="", rate="")
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_follow, batch, bar, task, outcomes)
+                progress = await batch.wait()
+                nursery.cancel_scope.cancel()
+            bar.update(task, total=progress.total, completed=progress.ended, rate="")
+        await _write_outcomes(batch, outcomes)
+    return progress
+
+
+async def _after_cancel(runner: Runner, batch_id: str, out: Path | None) -> BatchProgress:
+    """After Ctrl-C: the endings are stored; write what ended meanwhile, read the counts."""
+    record = await runner.store.get_batch(batch_id)
+    if out is not None:
+        outcomes = OutcomesFile(out)
+        while found := await runner.store.finished_jobs(batch_id, after=outcomes.cursor):
+            outcomes.append(found)
+    counts = record.counts
+    return BatchProgress(
+        batch_id=batch_id,
+        status=record.status,
+        total=record.jobs,
+        queued=counts.get("queued", 0),
+        running=counts.get("running", 0),
+        completed=counts.get("completed", 0),
+        failed=counts.get("failed", 0),
+        cancelled=counts.get("cancelled", 0),
+        paused=counts.get("paused", 0),
+        rate=None,
+        eta=None,
+    )
+
+
+async def run_worker(
+    console: Console,
+    agents: Sequence[AgentLike],
+    *,
+    store: str,
+    concurrency: int,
+    lease_ttl: float = 30.0,
+) -> int:
+    """Run jobs of every open batch of ``agents`` until SIGTERM or Ctrl-C."""
+    pump: Pump | None = None
+    async with Runner(store, agents=agents, lease_ttl=lease_ttl, approval_timeout=0) as runner:
+        with trio.CancelScope():
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_on_signal, nursery.cancel_scope, [])
+                pump = await nursery.start(
+                    partial(runner.serve_batches, agents, concurrency=concurrency)
+                )
+                names = ", ".join(sorted(a.name for a in agents))
+                console.print(
+                    f"worker {runner.owner} ready: jobs of {names}, {concurrency} at once",
+                    markup=False,
+                )
+        console.print(
+            f"worker stopped: {pump.ended_here if pump else 0} job ending(s) stored here; the "
+            "jobs it ran "
+            "were cancelled and journaled, any worker resumes them",
+            markup=False,
+        )
+    return 0
+
+
+async def cancel_batch(
+    console: Console, batch_id: str, *, store: str, mode: str, reason: str | None
+) -> int:
+    async with open_store(store) as opened:
+        record = await opened.cancel_batch(batch_id, mode=mode, reason=reason)
+    console.print(
+        f"batch {batch_id} cancelled ({record.cancel_mode}): its jobs stop wherever they run; "
+        f"{statuses(record.counts)}",
+        markup=False,
+    )
+    return 0
+
+
+async def batch_status(console: Console, batch_id: str, *, store: str) -> int:
+    async with open_store(store) as opened:
+        record = await opened.get_batch(batch_id)
+    console.print(
+        f"batch {batch_id} ({record.agent}, {record.status}): {record.jobs} job(s); "
+        f"{statuses(record.counts) or 'none'}",
+        markup=False,
+    )
+    return 0
