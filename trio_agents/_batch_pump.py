@@ -135,11 +135,12 @@ class Pump:
         self._ends_ready = trio.Event()  # an ending waits to be stored
         self._cancelled: dict[str, tuple[CancelMode, str | None]] = {}  # batch id -> cancel
         self.records: dict[str, BatchRecord] = {}  # the latest read of each batch watched
+        self._storing = False
 
     @property
     def pending(self) -> bool:
-        """Endings wait to be stored."""
-        return bool(self._ends)
+        """Endings wait to be stored, or are being stored."""
+        return bool(self._ends) or self._storing
 
     @property
     def store(self) -> Store:
@@ -228,6 +229,7 @@ class Pump:
 
     async def _store_ends(self) -> bool:
         ends, self._ends = self._ends, []
+        self._storing = True
         try:
             done = await self.store.finish_jobs(ends)
         except StoreError as exc:
@@ -237,6 +239,8 @@ class Pump:
         except BaseException:
             self._ends[:0] = ends  # a cancel: settle() stores them
             raise
+        finally:
+            self._storing = False
         for end, stored in zip(ends, done, strict=True):
             if not stored:  # another claim took the job over: its owner stores the ending
                 logger.info("job %r of batch %r was taken over", end.job.key, end.job.batch_id)
@@ -303,7 +307,10 @@ class Pump:
                 user_id=job.user_id,
                 session_id=job.session_id,
             )
-        if record.status == "completed":
+        # An invocation that ended on its own is done: unless the batch put its job back
+        # (a re-run retrying failures, resuming the paused), store that ending.  A lapsed
+        # job whose invocation ended cancelled was cut off by its process ending: resume it.
+        if record.status == "completed" or (job.lapsed and record.status in ("failed", "paused")):
             return await _ending(store, job.invocation_id, record.last_seq)
         return await self.host._resume_in(nursery, job.invocation_id, agent=agent, exclusive=True)
 

@@ -163,8 +163,9 @@ class Batch:
         """Wait until no job of the batch is queued or running (in any process), or the batch
         was cancelled and no job runs here; return the final progress."""
         while True:
-            progress = await self.refresh()
+            # Here first, then the store: an ending stored meanwhile is in what is read.
             here = self._pump.claims or self._pump.pending
+            progress = await self.refresh()
             if not here and (progress.done or progress.status == "cancelled"):
                 return progress
             await self._pump.wait_ended(self._pump.poll_interval)

@@ -173,6 +173,8 @@ class ClaimedJob:
     owner: str
     token: int
     attempts: int
+    lapsed: bool = False
+    """Claimed again after its claim and invocation lease lapsed (its process died)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -227,9 +229,10 @@ class BatchStore(Protocol):
         agents: Sequence[str] = (),
     ) -> list[ClaimedJob]:
         """Claim up to ``limit`` jobs of open batches (``batch_id``'s, or any batch of one of
-        ``agents``): queued ones in submission order, then running ones whose claim and
-        invocation lease both lapsed.  Each claim lasts ``ttl`` seconds.  Two owners never
-        get the same job from one round (PostgreSQL: ``FOR UPDATE SKIP LOCKED``)."""
+        ``agents``): queued ones in submission order, then running ones of other owners whose
+        claim and invocation lease both lapsed (``lapsed``).  Each claim lasts ``ttl``
+        seconds.  Two owners never get the same job from one round (PostgreSQL: ``FOR UPDATE
+        SKIP LOCKED``)."""
         ...
 
     async def finish_jobs(self, ends: Sequence[JobEnd]) -> list[bool]:

@@ -135,8 +135,8 @@ class MemoryBatches:
             batch.push(entry)
         return len(wanted)
 
-    def _lapsed(self, job: _Job, now: float) -> bool:
-        if job.status != "running" or job.claimed_until >= now:
+    def _lapsed(self, job: _Job, now: float, owner: str) -> bool:
+        if job.status != "running" or job.claimed_until >= now or job.owner == owner:
             return False
         record = self._records.get(job.invocation_id)
         return record is None or record.status != "running" or record.lease_expires_at < now
@@ -169,12 +169,16 @@ class MemoryBatches:
                     claimed.append(self._claim(batch, job, owner, now + ttl))
                 elif job.status == "queued":  # put back later with a new not_before
                     batch.push(job)
-            lapsed = [batch.jobs[k] for k in batch.running if self._lapsed(batch.jobs[k], now)]
+            lapsed = [
+                batch.jobs[k] for k in batch.running if self._lapsed(batch.jobs[k], now, owner)
+            ]
             for job in sorted(lapsed, key=lambda j: j.seq)[: limit - len(claimed)]:
-                claimed.append(self._claim(batch, job, owner, now + ttl))
+                claimed.append(self._claim(batch, job, owner, now + ttl, lapsed=True))
         return claimed
 
-    def _claim(self, batch: _Batch, job: _Job, owner: str, until: float) -> ClaimedJob:
+    def _claim(
+        self, batch: _Batch, job: _Job, owner: str, until: float, *, lapsed: bool = False
+    ) -> ClaimedJob:
         job.status, job.owner, job.claimed_until = "running", owner, until
         batch.running.add(job.job.key)
         job.token += 1
@@ -191,6 +195,7 @@ class MemoryBatches:
             owner=owner,
             token=job.token,
             attempts=job.attempts,
+            lapsed=lapsed,
         )
 
     async def finish_jobs(self, ends: Sequence[JobEnd]) -> list[bool]:

@@ -189,20 +189,20 @@ def claim_jobs(
     # PostgreSQL: skip rows another worker is claiming right now; SQLite runs one writer.
     lock = " FOR UPDATE OF j SKIP LOCKED" if tx.for_update else ""
     rows = tx.rows(
-        f"SELECT {_JOB_COLUMNS} FROM batch_jobs j JOIN batches b ON b.id = j.batch_id"
+        f"SELECT {_JOB_COLUMNS}, 0 FROM batch_jobs j JOIN batches b ON b.id = j.batch_id"
         f" WHERE {where} AND b.status = 'open' AND j.status = 'queued' AND j.not_before <= ?"
         f" ORDER BY j.seq LIMIT ?{lock}",
         [*params, now, limit],
     )
     if len(rows) < limit:  # jobs whose process died: claim and invocation lease both lapsed
         rows += tx.rows(
-            f"SELECT {_JOB_COLUMNS} FROM batch_jobs j JOIN batches b ON b.id = j.batch_id"
+            f"SELECT {_JOB_COLUMNS}, 1 FROM batch_jobs j JOIN batches b ON b.id = j.batch_id"
             " LEFT JOIN invocations i ON i.id = j.invocation_id"
             f" WHERE {where} AND b.status = 'open' AND j.status = 'running'"
-            " AND j.claimed_until < ?"
+            " AND j.claimed_until < ? AND j.owner <> ?"
             " AND (i.id IS NULL OR i.status <> 'running' OR i.lease_expires_at < ?)"
             f" ORDER BY j.seq LIMIT ?{lock}",
-            [*params, now, now, limit - len(rows)],
+            [*params, now, owner, now, limit - len(rows)],
         )
     claimed: list[ClaimedJob] = []
     for row in rows:
@@ -225,6 +225,7 @@ def claim_jobs(
                 owner=owner,
                 token=token,
                 attempts=int(row[9]) + 1,
+                lapsed=bool(row[10]),
             )
         )
     return claimed
