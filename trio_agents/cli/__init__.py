@@ -162,10 +162,20 @@ def main(argv: list[str] | None = None) -> int:
             return _serve(console, args)
         agent = _load_agent(args.agent)
         outcome = trio.run(_run, console, agent, args.prompt, args.store)
-    except TrioAgentsError as exc:
-        console.print(f"[red]error:[/] {exc}")
+    except (TrioAgentsError, BaseExceptionGroup) as exc:
+        error = _one_error(exc)
+        if error is None:
+            raise
+        console.print(f"[red]error:[/] {escape(str(error))}", soft_wrap=True)
         return 2
     return {"completed": 0, "cancelled": 130}.get(outcome.status, 1)
+
+
+def _one_error(exc: BaseException) -> TrioAgentsError | None:
+    """The library error ``exc`` is, or the one a task group wrapped it in (else ``None``)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc if isinstance(exc, TrioAgentsError) else None
 
 
 def _add_batch_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

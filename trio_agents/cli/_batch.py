@@ -130,7 +130,7 @@ async def run_batch(
     """Run the batch of ``jobs_file``; return the exit status (see the module docstring)."""
     jobs, bad = read_jobs(jobs_file)
     for line in bad:
-        console.print(f"{jobs_file}: {line}", markup=False)
+        console.print(f"{jobs_file}: {line}", markup=False, soft_wrap=True)
     if bad and not skip_bad:
         raise UsageError(
             f"{len(bad)} line(s) of {str(jobs_file)!r} are not jobs (see above); fix them, "
