@@ -184,6 +184,9 @@ class Pump:
                     logger.warning("claiming batch jobs failed, trying again: %s", exc)
                     claimed = []
                 for job in claimed:
+                    # Claimed, so its batch is open: a cancel seen before was undone by a
+                    # reopen (and one that came since is seen again at the watcher's next look).
+                    self._cancelled.pop(job.batch_id, None)
                     self.claims[job.batch_id, job.key] = _Claim(job)
                     nursery.start_soon(self._run, nursery, job, name=f"job {job.key}")
                 if len(claimed) == room:
