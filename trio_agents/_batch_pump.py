@@ -11,7 +11,9 @@ in the caller's block) cancels every job's invocation: each ends ``cancelled`` w
 ``shutdown``, journaled by the invocation itself under its shield, so a re-run resumes it.
 Then :meth:`Pump.settle`, shielded with the runner's cleanup deadline, stores how each job it
 had claimed ended (from its invocation's outcome) and puts back the claims that never became
-an invocation, so a re-run does not wait for their claims to lapse.  A batch cancelled in the
+an invocation, so a re-run does not wait for their claims to lapse.  A worker's pump
+(``give_back``) puts back the jobs its stop cancelled too: no one cancelled them, so any
+worker claims them at once and resumes them from their journals.  A batch cancelled in the
 store (by any process) is seen by the watcher within ``poll_interval``: no more claims, and
 the jobs running here are cancelled with the batch's mode and reason.
 
@@ -118,6 +120,7 @@ class Pump:
         concurrency: int,
         batch_id: str | None = None,
         poll_interval: float = 0.25,
+        give_back: bool = False,
     ) -> None:
         if not isinstance(concurrency, int) or concurrency < 0:
             raise UsageError(f"concurrency must be an int >= 0, got {concurrency!r}")
@@ -126,6 +129,7 @@ class Pump:
         self.concurrency = concurrency
         self.batch_id = batch_id
         self.poll_interval = poll_interval
+        self.give_back = give_back  # a job this pump's stop cancelled goes back to the queue
         self.claims: dict[tuple[str, str], _Claim] = {}  # (batch id, key) -> its claim
         self.ended_here = 0  # jobs whose ending this pump stored
         self.stopped = False  # no more claims (the batch was cancelled, or is closing)
@@ -181,6 +185,9 @@ class Pump:
                     logger.warning("claiming batch jobs failed, trying again: %s", exc)
                     claimed = []
                 for job in claimed:
+                    # Claimed, so its batch is open: a cancel seen before was undone by a
+                    # reopen (and one that came since is seen again at the watcher's next look).
+                    self._cancelled.pop(job.batch_id, None)
                     self.claims[job.batch_id, job.key] = _Claim(job)
                     nursery.start_soon(self._run, nursery, job, name=f"job {job.key}")
                 if len(claimed) == room:
@@ -321,6 +328,10 @@ class Pump:
         for claim in list(self.claims.values()):
             outcome = claim.invocation.outcome if claim.invocation is not None else None
             if outcome is None:  # it never became an invocation: put the claim back
+                self._end(claim.job, "queued")
+            elif self.give_back and outcome.status == "cancelled" and not outcome.cancel_requested:
+                # No one cancelled it (the job, its batch): this worker is stopping.  Ended
+                # ``cancelled`` it would wait for a re-run; queued, any worker resumes it.
                 self._end(claim.job, "queued")
             else:
                 self._end(claim.job, _job_status(outcome.status), outcome_json(outcome))

@@ -25,7 +25,9 @@ in every process and every run.  The batch and its jobs live in the store:
   ``trio-agents worker`` command) runs jobs of every open batch of its agents, on any number
   of machines: claims are row leases (``FOR UPDATE SKIP LOCKED``) with fencing tokens, and a
   dead worker's jobs are taken over once their invocation leases lapse, resumed from their
-  journals.  A batch opened with ``concurrency=0`` only submits and follows.
+  journals; a worker stopped by SIGTERM or Ctrl-C puts its jobs back in the queue (their
+  invocations journaled ``cancelled``, ``shutdown``) for any worker to resume at once.  A
+  batch opened with ``concurrency=0`` only submits and follows.
 
 Rate limits are the model layer's business: all jobs of a process share one adaptive limiter
 per model endpoint (:mod:`trio_agents.models`), so a 429 storm slows the batch down instead of
@@ -274,7 +276,7 @@ async def serve_batches(
     found = {a.name: a for a in map(_check_agent, agents)}
     if concurrency < 1:
         raise UsageError(f"a worker's concurrency must be >= 1, got {concurrency!r}")
-    pump = Pump(host, found, concurrency=concurrency, poll_interval=poll_interval)
+    pump = Pump(host, found, concurrency=concurrency, poll_interval=poll_interval, give_back=True)
     try:
         async with trio.open_nursery() as nursery:
             pump.start(nursery)
