@@ -297,6 +297,10 @@ class Pump:
         if cancel is not None:  # the batch was cancelled while this one started
             inv.cancel(mode=cancel[0], reason=cancel[1] or "batch cancelled")
         outcome = await inv.wait()
+        if outcome.status == "cancelled" and (outcome.reason or "").startswith("lease "):
+            # It stopped itself, its lease not renewed in time: not an ending of the job.
+            self._end(job, "queued", not_before=_RETRY_LATER)
+            return
         self._end(job, _job_status(outcome.status), outcome_json(outcome))
 
     async def _begin(

@@ -480,8 +480,8 @@ class Runner:
     ) -> None:
         """Run jobs of every open batch of ``agents`` (any process may submit them), up to
         ``concurrency`` at once, until cancelled; a cancel ends the jobs running here
-        ``cancelled`` (``shutdown``), resumable by any worker.  Jobs of a dead worker are
-        taken over once their leases lapse."""
+        ``cancelled`` (``shutdown``) and puts them back in the queue, for any worker to resume
+        at once.  Jobs of a dead worker are taken over once their leases lapse."""
         self._check_open()
         for agent in agents:
             self._agents[getattr(agent, "name", "")] = agent

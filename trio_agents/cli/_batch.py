@@ -236,21 +236,19 @@ async def run_worker(
     """Run jobs of every open batch of ``agents`` until SIGTERM or Ctrl-C."""
     pump: Pump | None = None
     async with Runner(store, agents=agents, lease_ttl=lease_ttl, approval_timeout=0) as runner:
-        with trio.CancelScope():
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_on_signal, nursery.cancel_scope, [])
-                pump = await nursery.start(
-                    partial(runner.serve_batches, agents, concurrency=concurrency)
-                )
-                names = ", ".join(sorted(a.name for a in agents))
-                console.print(
-                    f"worker {runner.owner} ready: jobs of {names}, {concurrency} at once",
-                    markup=False,
-                )
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_on_signal, nursery.cancel_scope, [])
+            pump = await nursery.start(
+                partial(runner.serve_batches, agents, concurrency=concurrency)
+            )
+            names = ", ".join(sorted(a.name for a in agents))
+            console.print(
+                f"worker {runner.owner} ready: jobs of {names}, {concurrency} at once",
+                markup=False,
+            )
         console.print(
             f"worker stopped: {pump.ended_here if pump else 0} job ending(s) stored here; the "
-            "jobs it ran "
-            "were cancelled and journaled, any worker resumes them",
+            "jobs it ran were cancelled, journaled and put back: any worker resumes them",
             markup=False,
         )
     return 0
