@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
@@ -41,10 +42,11 @@ from ._exceptions import (
     SessionBusy,
     StoreError,
     StoreUnavailableError,
+    TrioAgentsError,
     UsageError,
 )
 from .agents._context import AgentLike
-from .events import CancelMode, InvocationEnded, check_cancel_mode
+from .events import CancelMode, ErrorInfo, InvocationEnded, check_cancel_mode
 from .stores._base import Store
 from .stores._batches import BatchRecord, ClaimedJob, JobEnd, JobStatus
 
@@ -289,6 +291,11 @@ class Pump:
             logger.warning("job %r of batch %r could not start: %s", job.key, job.batch_id, exc)
             self._end(job, "queued", not_before=_RETRY_LATER)
             return
+        except TrioAgentsError as exc:  # this job cannot run (the batch goes on)
+            logger.warning("job %r of batch %r failed to start: %s", job.key, job.batch_id, exc)
+            error = attrs.asdict(ErrorInfo.from_exception(exc))
+            self._end(job, "failed", {"status": "failed", "reason": str(exc), "error": error})
+            return
         if isinstance(inv, InvocationEnded):  # it had ended already: store that
             self._end(job, _job_status(inv.status), outcome_json(inv))
             return
@@ -307,17 +314,21 @@ class Pump:
         self, nursery: trio.Nursery, job: ClaimedJob, agent: AgentLike
     ) -> Invocation | InvocationEnded:
         store = self.store
+        start = partial(
+            self.host._start_in,
+            nursery,
+            agent,
+            job.prompt,
+            invocation_id=job.invocation_id,
+            user_id=job.user_id,
+            session_id=job.session_id,
+        )
+        if job.attempts == 1:  # its first claim: no one ever ran it, so start it (one call)
+            return await start()
         try:
             record = await store.get_invocation(job.invocation_id)
         except InvocationNotFound:
-            return await self.host._start_in(
-                nursery,
-                agent,
-                job.prompt,
-                invocation_id=job.invocation_id,
-                user_id=job.user_id,
-                session_id=job.session_id,
-            )
+            return await start()
         # An invocation that ended on its own is done: unless the batch put its job back
         # (a re-run retrying failures, resuming the paused), store that ending.  A lapsed
         # job whose invocation ended cancelled was cut off by its process ending: resume it.
