@@ -39,6 +39,7 @@ def bench(session: nox.Session) -> None:
         "turnloop",
         "parked",
         "server",
+        "batch",
     ):
         session.run("python", "-m", f"benchmarks.{script}", *session.posargs)
 

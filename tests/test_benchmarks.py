@@ -52,6 +52,17 @@ EXPECTED = {
         r"trio_agents +\d+ events/s +server CPU +[\d.]+ us/event",
         r"trio_agents +-?[\d.]+ KiB per stream \(server RSS\)",
     ],
+    "batch": [
+        r"\| bare httpx2 \+ CapacityLimiter \| 16 \| \d+ \| [\d.]+ \| 1\.00x \| [\d.]+ \| - \|",
+        r"\| batch, memory \| 16 \| \d+ \| [\d.]+ \| [\d.]+x \| [\d.]+ \| [+-][\d.]+ \| - \|",
+        r"\| batch, sqlite \| 16 \| \d+ \| [\d.]+ \| [\d.]+x \| [\d.]+ \| [+-][\d.]+"
+        r" \| [+-][\d.]+ \| - \| [\d.]+ \|",
+        # PostgreSQL, and worker processes on it, unless the server is away.
+        r"\| batch, postgresql \| 16 \| \d+ \| [\d.]+ \| [\d.]+x \|.* \| [\d.]+ \| [\d.]+ \|"
+        r"|PostgreSQL: skipped",
+        r"\| batch, postgresql, 2 worker processes \| 16 \| \d+ \| [\d.]+ \| [\d.]+x \|"
+        r"|PostgreSQL: skipped",
+    ],
     "parked": [
         r"memory per parked invocation: [\d.]+ KiB Python \(RSS -?[\d.]+ KiB\)",
         r"start: [\d.]+ s \([\d.]+ us/start\)",
