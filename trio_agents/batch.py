@@ -167,6 +167,10 @@ class Batch:
         while True:
             # Here first, then the store: an ending stored meanwhile is in what is read.
             here = self._pump.claims or self._pump.pending
+            if here and self._pump.batch_id is not None and not self._pump.stopped:
+                # Jobs run here: not done yet.  (The watcher keeps progress() fresh.)
+                await self._pump.wait_ended(self._pump.poll_interval)
+                continue
             progress = await self.refresh()
             if not here and (progress.done or progress.status == "cancelled"):
                 return progress
