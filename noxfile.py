@@ -46,8 +46,9 @@ def bench(session: nox.Session) -> None:
 
 @nox.session
 def fuzz(session: nox.Session) -> None:
-    """The randomized cancel and turn-loop tests at nightly size: thousands of scenarios (the
-    suite runs a couple of hundred).  ``-- -x`` stops at the first failure, which names its seed."""
+    """The randomized cancel, turn-loop and batch tests at nightly size: thousands of scenarios
+    (the suite runs a couple of hundred).  ``-- -x`` stops at the first failure, which names
+    its seed."""
     session.install("-e", ".[dev]")
     session.run(
         "pytest",
@@ -56,6 +57,7 @@ def fuzz(session: nox.Session) -> None:
         "no:cacheprovider",
         "tests/test_cancel_fuzz.py",
         "tests/test_turnloop_fuzz.py",
+        "tests/test_batch_fuzz.py",
         *session.posargs,
         env={"TRIO_AGENTS_FUZZ": "5000", "TRIO_AGENTS_FUZZ_SQLITE": "1000"},
     )
