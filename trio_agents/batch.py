@@ -75,6 +75,25 @@ class Progress:
     rate: float | None  # jobs ended per second, over the last half minute
     eta: float | None  # seconds until every queued and running job ended, at that rate
 
+    @classmethod
+    def of(cls, record: BatchRecord, *, rate: float | None = None) -> Progress:
+        """The progress a stored batch shows (``eta`` from ``rate``, jobs ended per second)."""
+        counts = record.counts
+        left = counts.get("queued", 0) + counts.get("running", 0)
+        return cls(
+            batch_id=record.id,
+            status=record.status,
+            total=record.jobs,
+            queued=counts.get("queued", 0),
+            running=counts.get("running", 0),
+            completed=counts.get("completed", 0),
+            failed=counts.get("failed", 0),
+            cancelled=counts.get("cancelled", 0),
+            paused=counts.get("paused", 0),
+            rate=rate,
+            eta=left / rate if rate else None,
+        )
+
     @property
     def ended(self) -> int:
         """Jobs that reached an end of their own (completed or failed)."""
@@ -202,26 +221,11 @@ class Batch:
             self._samples.popleft()
 
     def _progress(self, record: BatchRecord) -> Progress:
-        counts = record.counts
         rate: float | None = None
-        eta: float | None = None
         (t0, n0), (t1, n1) = self._samples[0], self._samples[-1]
         if t1 > t0 and n1 > n0:
             rate = (n1 - n0) / (t1 - t0)
-            eta = (counts.get("queued", 0) + counts.get("running", 0)) / rate
-        return Progress(
-            batch_id=record.id,
-            status=record.status,
-            total=record.jobs,
-            queued=counts.get("queued", 0),
-            running=counts.get("running", 0),
-            completed=counts.get("completed", 0),
-            failed=counts.get("failed", 0),
-            cancelled=counts.get("cancelled", 0),
-            paused=counts.get("paused", 0),
-            rate=rate,
-            eta=eta,
-        )
+        return Progress.of(record, rate=rate)
 
 
 def _check_agent(agent: object) -> AgentLike:

@@ -209,20 +209,7 @@ async def _after_cancel(runner: Runner, batch_id: str, out: Path | None) -> Batc
         outcomes = OutcomesFile(out)
         while found := await runner.store.finished_jobs(batch_id, after=outcomes.cursor):
             outcomes.append(found)
-    counts = record.counts
-    return BatchProgress(
-        batch_id=batch_id,
-        status=record.status,
-        total=record.jobs,
-        queued=counts.get("queued", 0),
-        running=counts.get("running", 0),
-        completed=counts.get("completed", 0),
-        failed=counts.get("failed", 0),
-        cancelled=counts.get("cancelled", 0),
-        paused=counts.get("paused", 0),
-        rate=None,
-        eta=None,
-    )
+    return BatchProgress.of(record)
 
 
 async def run_worker(
