@@ -351,3 +351,39 @@ async def test_bad_batch_input_is_a_clear_error(autojump_clock: trio.abc.Clock) 
                     pass
             with pytest.raises(ta.BatchNotFound, match="no batch with id 'nope'"):
                 await runner.cancel_batch("nope")
+
+
+@pytest.mark.parametrize(("reason", "resumed"), [("a person said stop", False), ("shutdown", True)])
+async def test_a_job_taken_over_keeps_a_requested_cancel_and_resumes_a_cut_off_one(
+    reason: str, resumed: bool, autojump_clock: trio.abc.Clock
+) -> None:
+    """A worker died after its job's invocation ended cancelled but before it stored the
+    job's ending.  The worker that takes the job over keeps a cancel someone asked for (the
+    job ends cancelled, nothing runs again) and resumes a run its process cut off."""
+    with trio.fail_after(60):
+        async with world(two_turns(chunks=20, delay=0.1)) as (server, runner, agent, _):
+            store = runner.store
+            await store.open_batch("b", agent.name)
+            await store.add_jobs("b", [ta.Job(prompt="job 0", key="k")])
+            [job] = await store.claim_jobs(owner="dead", limit=1, ttl=1.0, batch_id="b")
+            with trio.move_on_after(1.0):  # the dead worker's runner, stopping at 1 s
+                async with ta.Runner(store) as dying:
+                    inv = await dying.start(agent, "job 0", invocation_id=job.invocation_id)
+                    await server.wait_until(lambda: len(server.requests) >= 1)
+                    if reason != "shutdown":
+                        inv.cancel(reason=reason)
+                    await trio.sleep_forever()
+            assert inv.outcome is not None
+            assert (inv.outcome.status, inv.outcome.reason) == ("cancelled", reason)
+            await trio.sleep(2.0)  # the dead worker's claim lapses
+            before = len(server.requests)
+            async with runner.open_batch(agent, batch_id="b", concurrency=1) as batch:
+                progress = await batch.wait()
+            events = await store.load_events(job.invocation_id)
+    ended = [e for e in events if isinstance(e, InvocationEnded)]
+    if resumed:
+        assert (progress.completed, len(server.requests) > before) == (1, True)
+        assert [e.status for e in ended] == ["cancelled", "completed"]
+    else:
+        assert (progress.cancelled, len(server.requests)) == (1, before)
+        assert [(e.status, e.reason) for e in ended] == [("cancelled", reason)]

@@ -45,6 +45,7 @@ from ._exceptions import (
     TrioAgentsError,
     UsageError,
 )
+from ._outcome import cut_off
 from .agents._context import AgentLike
 from .events import CancelMode, ErrorInfo, InvocationEnded, check_cancel_mode
 from .stores._base import Store
@@ -304,7 +305,7 @@ class Pump:
         if cancel is not None:  # the batch was cancelled while this one started
             inv.cancel(mode=cancel[0], reason=cancel[1] or "batch cancelled")
         outcome = await inv.wait()
-        if outcome.status == "cancelled" and (outcome.reason or "").startswith("lease "):
+        if outcome.status == "cancelled" and cut_off(outcome.reason):
             # It stopped itself, its lease not renewed in time: not an ending of the job.
             self._end(job, "queued", not_before=_RETRY_LATER)
             return
@@ -329,11 +330,13 @@ class Pump:
             record = await store.get_invocation(job.invocation_id)
         except InvocationNotFound:
             return await start()
-        # An invocation that ended on its own is done: unless the batch put its job back
-        # (a re-run retrying failures, resuming the paused), store that ending.  A lapsed
-        # job whose invocation ended cancelled was cut off by its process ending: resume it.
-        if record.status == "completed" or (job.lapsed and record.status in ("failed", "paused")):
-            return await _ending(store, job.invocation_id, record.last_seq)
+        # An invocation that ended is done, unless the batch put its job back (a re-run
+        # retrying failures, resuming the paused and the cancelled) or its process cut it off
+        # (a shutdown, a lost lease): then store that ending.
+        if record.status == "completed" or (job.lapsed and record.status != "running"):
+            ended = await _ending(store, job.invocation_id, record.last_seq)
+            if not (ended.status == "cancelled" and cut_off(ended.reason)):
+                return ended
         return await self.host._resume_in(nursery, job.invocation_id, agent=agent, exclusive=True)
 
     # ---- the end ------------------------------------------------------------------------
@@ -344,7 +347,7 @@ class Pump:
             outcome = claim.invocation.outcome if claim.invocation is not None else None
             if outcome is None:  # it never became an invocation: put the claim back
                 self._end(claim.job, "queued")
-            elif self.give_back and outcome.status == "cancelled" and not outcome.cancel_requested:
+            elif self.give_back and outcome.status == "cancelled" and cut_off(outcome.reason):
                 # No one cancelled it (the job, its batch): this worker is stopping.  Ended
                 # ``cancelled`` it would wait for a re-run; queued, any worker resumes it.
                 self._end(claim.job, "queued")
@@ -360,4 +363,4 @@ async def _ending(store: Store, invocation_id: str, last_seq: int) -> Invocation
     for event in reversed(events):
         if isinstance(event, InvocationEnded):
             return event
-    raise StoreError(f"invocation {invocation_id!r} completed but its ending is not stored")
+    raise StoreError(f"invocation {invocation_id!r} ended but its ending is not stored")

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ._recorder import PathText
     from .stores._base import SessionEntry
 
-__all__ = ["Outcome", "history_of", "leaf", "partial_output", "signals"]
+__all__ = ["Outcome", "cut_off", "history_of", "leaf", "partial_output", "signals"]
 
 
 @attrs.frozen(kw_only=True)
@@ -72,6 +72,12 @@ class Outcome:
     pending_approvals: tuple[str, ...] = ()
     gates: Mapping[str, str] = attrs.field(factory=dict, hash=False)
     store_error: str | None = None
+
+
+def cut_off(reason: str | None) -> bool:
+    """Whether a ``cancelled`` ending's reason says the process running it stopped it (a
+    shutdown, or a lease it could not renew), not anyone's request: resume such a run."""
+    return reason is not None and (reason == "shutdown" or reason.startswith("lease "))
 
 
 def signals(exc: Exception) -> list[Exception] | None:

@@ -86,6 +86,7 @@ from ._loop_policy import (
     decision,
 )
 from ._loop_stream import LoopEventStream, id_text
+from ._outcome import cut_off
 from ._recorder import Recorder
 from .agents._context import AgentLike
 from .events import (
@@ -604,10 +605,7 @@ def _resumable(record: InvocationRecord, ended: InvocationEnded | None) -> bool:
     runs (its process died), is paused, or was cut off by a shutdown or a lost lease."""
     if record.status in ("running", "paused"):
         return True
-    if record.status == "cancelled" and ended is not None:
-        reason = ended.reason or ""
-        return reason == "shutdown" or reason.startswith("lease ")
-    return False
+    return record.status == "cancelled" and ended is not None and cut_off(ended.reason)
 
 
 @asynccontextmanager
