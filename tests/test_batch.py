@@ -6,6 +6,7 @@ server's responder tells the turns apart by the messages of the request.
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -321,7 +322,7 @@ async def test_a_cancel_from_another_runner_reaches_the_jobs(tmp_path: Path) -> 
 
 async def test_jobs_of_one_session_run_one_at_a_time(autojump_clock: trio.abc.Clock) -> None:
     with trio.fail_after(60):
-        async with world(two_turns()) as (_server, runner, agent, _effects):
+        async with world(two_turns(delay=0.05)) as (server, runner, agent, _effects):
             async with runner.open_batch(agent, batch_id="b", concurrency=4) as batch:
                 await batch.submit_many(
                     ta.Job(prompt=f"job {i}", session_id="one-chat") for i in range(3)
@@ -330,6 +331,13 @@ async def test_jobs_of_one_session_run_one_at_a_time(autojump_clock: trio.abc.Cl
             session = await runner.store.get_session("one-chat")
     assert progress.completed == 3
     assert len([e for e in session.entries if e.message is not None]) == 6  # 3 asks, 3 answers
+    # Each request's newest user message is its job's: the jobs' turns never interleave.
+    asked = [
+        [m["content"] for m in q.json["messages"] if m["role"] == "user"][-1]
+        for q in server.requests
+    ]
+    runs = [key for key, _ in itertools.groupby(asked)]
+    assert sorted(runs) == ["job 0", "job 1", "job 2"], asked
 
 
 async def test_bad_batch_input_is_a_clear_error(autojump_clock: trio.abc.Clock) -> None:

@@ -42,6 +42,7 @@ from ..agents import AgentLike
 from ..batch import Batch
 from ..batch import Progress as BatchProgress
 from ..runner import Runner
+from ..stores._base import Store
 from ..stores._batches import Job, JobStatus
 from ..stores._open import open_store
 from ._jobs_file import OutcomesFile, read_jobs, statuses
@@ -70,10 +71,12 @@ def _rate(progress: BatchProgress) -> str:
     return f"{progress.rate:.1f} jobs/s{eta}"
 
 
-async def _follow(batch: Batch, bar: Progress, task: TaskID, outcomes: OutcomesFile | None) -> None:
+async def _follow(
+    store: Store, batch: Batch, bar: Progress, task: TaskID, outcomes: OutcomesFile | None
+) -> None:
     while True:
         progress = await batch.refresh()
-        await _write_outcomes(batch, outcomes)
+        await _write_outcomes(store, batch.id, outcomes)
         counts = {
             "completed": progress.completed,
             "failed": progress.failed,
@@ -92,14 +95,12 @@ async def _follow(batch: Batch, bar: Progress, task: TaskID, outcomes: OutcomesF
         await trio.sleep(_FOLLOW)
 
 
-async def _write_outcomes(batch: Batch, outcomes: OutcomesFile | None) -> None:
+async def _write_outcomes(store: Store, batch_id: str, outcomes: OutcomesFile | None) -> None:
+    """Append the outcomes of the jobs that ended since the file's cursor."""
     if outcomes is None:
         return
-    while True:
-        found = await batch.finished(after=outcomes.cursor, limit=1000)
+    while found := await store.finished_jobs(batch_id, after=outcomes.cursor, limit=1000):
         outcomes.append(found)
-        if len(found) < 1000:
-            return
 
 
 def _summary(console: Console, progress: BatchProgress) -> None:
@@ -194,21 +195,18 @@ async def _run_batch(
         ) as bar:
             task = bar.add_task(batch_id, total=len(jobs), counts="", rate="")
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(_follow, batch, bar, task, outcomes)
+                nursery.start_soon(_follow, runner.store, batch, bar, task, outcomes)
                 progress = await batch.wait()
                 nursery.cancel_scope.cancel()
             bar.update(task, total=progress.total, completed=progress.ended, rate="")
-        await _write_outcomes(batch, outcomes)
+        await _write_outcomes(runner.store, batch_id, outcomes)
     return progress
 
 
 async def _after_cancel(runner: Runner, batch_id: str, out: Path | None) -> BatchProgress:
     """After Ctrl-C: the endings are stored; write what ended meanwhile, read the counts."""
     record = await runner.store.get_batch(batch_id)
-    if out is not None:
-        outcomes = OutcomesFile(out)
-        while found := await runner.store.finished_jobs(batch_id, after=outcomes.cursor):
-            outcomes.append(found)
+    await _write_outcomes(runner.store, batch_id, OutcomesFile(out) if out is not None else None)
     return BatchProgress.of(record)
 
 
