@@ -145,11 +145,11 @@ async def test_run_with_a_bad_agent_spec_is_a_clear_error() -> None:
     with trio.fail_after(60):
         done = await trio.run_process(
             [*command(), "run", "no_such_module:agent", "hi", "--store", "memory://"],
-            capture_stdout=True,
+            capture_stderr=True,
             check=False,
         )
     assert done.returncode == 2
-    assert "cannot import module 'no_such_module'" in done.stdout.decode()
+    assert "cannot import module 'no_such_module'" in done.stderr.decode()
 
 
 @pytest.mark.slow
@@ -162,17 +162,17 @@ async def test_serve_refuses_without_tokens_and_insecure_dev_off_loopback(tmp_pa
     base += ["--store", f"sqlite:///{tmp_path / 'agents.db'}"]
     with trio.fail_after(60):
         no_tokens = await trio.run_process(
-            base, cwd=tmp_path, env=env, capture_stdout=True, check=False
+            base, cwd=tmp_path, env=env, capture_stderr=True, check=False
         )
         open_dev = await trio.run_process(
             [*base, "--insecure-dev", "--host", "0.0.0.0"],
             cwd=tmp_path,
             env=env,
-            capture_stdout=True,
+            capture_stderr=True,
             check=False,
         )
     assert no_tokens.returncode == 2
-    assert b"no bearer tokens" in no_tokens.stdout
-    assert b"--insecure-dev" in no_tokens.stdout
+    assert b"no bearer tokens" in no_tokens.stderr
+    assert b"--insecure-dev" in no_tokens.stderr
     assert open_dev.returncode == 2
-    assert b"127.0.0.1 only" in open_dev.stdout
+    assert b"127.0.0.1 only" in open_dev.stderr

@@ -67,21 +67,21 @@ async def test_bad_input_is_named_and_nothing_runs(tmp_path: Path) -> None:
         empty = write_jobs(tmp_path / "empty.jsonl", [])
         done = await batch(server, tmp_path, str(empty), "--agent", AGENT)
         assert done.returncode == 2
-        assert b"is empty: one JSON job per line" in done.stdout
+        assert b"is empty: one JSON job per line" in done.stderr
 
         bad = write_jobs(
             tmp_path / "bad.jsonl",
             [prompts(1)[0], '{"prompt": "x"', '{"text": "no prompt"}', '{"metadata": {}}'],
         )
         done = await batch(server, tmp_path, str(bad), "--agent", AGENT)
-        out = done.stdout.decode()
+        out = done.stdout.decode() + done.stderr.decode()
         assert done.returncode == 2, out
         assert "bad.jsonl: line 2: not JSON" in out
         assert "bad.jsonl: line 3: unknown field(s) 'text'" in out
         assert "bad.jsonl: line 4: the job has no prompt" in out
         assert "3 line(s) of" in out
         assert "pass --skip-bad to run the others" in out
-        assert "Traceback" not in out + done.stderr.decode()
+        assert "Traceback" not in out
         assert server.requests == []  # refused before anything ran
 
         done = await batch(server, tmp_path, str(bad), "--agent", AGENT, "--skip-bad")
@@ -90,20 +90,20 @@ async def test_bad_input_is_named_and_nothing_runs(tmp_path: Path) -> None:
 
         good = write_jobs(tmp_path / "good.jsonl", prompts(2))
         done = await batch(server, tmp_path, str(good), "--agent", "examples.summarize:nope")
-        assert (done.returncode, b"has no agent named 'nope'" in done.stdout) == (2, True)
+        assert (done.returncode, b"has no attribute 'nope'" in done.stderr) == (2, True)
         weather = ("--agent", "examples.weather:agent", "--batch-id", "shared")
         done = await batch(server, tmp_path, str(good), *weather)
         assert done.returncode == 0, done.stdout.decode()
         done = await batch(server, tmp_path, str(good), "--agent", AGENT, "--batch-id", "shared")
         assert done.returncode == 2
-        assert b"was created for agent 'weather', not 'summarizer'" in done.stdout
+        assert b"was created for agent 'weather', not 'summarizer'" in done.stderr
         done = await trio.run_process(
             [*command(), "batch", "cancel", "nope", "--store", f"sqlite:///{tmp_path}/agents.db"],
             cwd=tmp_path,
-            capture_stdout=True,
+            capture_stderr=True,
             check=False,
         )
-        assert (done.returncode, b"no batch with id 'nope'" in done.stdout) == (2, True)
+        assert (done.returncode, b"no batch with id 'nope'" in done.stderr) == (2, True)
 
 
 @pytest.mark.slow

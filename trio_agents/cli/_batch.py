@@ -21,10 +21,13 @@ from __future__ import annotations
 import hashlib
 import signal
 from collections.abc import Sequence
+from enum import StrEnum
 from functools import partial
 from pathlib import Path
+from typing import Annotated
 
 import trio
+import typer
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -45,9 +48,17 @@ from ..runner import Runner
 from ..stores._base import Store
 from ..stores._batches import Job, JobStatus
 from ..stores._open import open_store
+from ._common import DEFAULT_STORE, console, execute, load_agent
 from ._jobs_file import OutcomesFile, read_jobs, statuses
 
-__all__ = ["batch_status", "cancel_batch", "default_batch_id", "run_batch", "run_worker"]
+__all__ = [
+    "batch_status",
+    "cancel_batch",
+    "default_batch_id",
+    "register",
+    "run_batch",
+    "run_worker",
+]
 
 _FOLLOW = 0.25  # seconds between two looks at the batch
 
@@ -261,3 +272,121 @@ async def batch_status(console: Console, batch_id: str, *, store: str) -> int:
         markup=False,
     )
     return 0
+
+
+_STORE_HELP = "store URL (postgresql://... for many workers)"
+BatchStore = Annotated[str, typer.Option("--store", envvar="TRIO_AGENTS_STORE", help=_STORE_HELP)]
+LeaseTTL = Annotated[
+    float,
+    typer.Option(
+        min=1.0,
+        help="seconds a job's lease lasts: how soon another worker "
+        "takes over the jobs of one that died",
+    ),
+]
+
+
+class Requeue(StrEnum):
+    failed = "failed"
+    paused = "paused"
+
+
+class CancelMode(StrEnum):
+    immediate = "immediate"
+    after_tools = "after_tools"
+    after_turn = "after_turn"
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def batch(
+        jobs: Annotated[
+            Path, typer.Argument(metavar="JOBS", help="the jobs file: one JSON object per line")
+        ],
+        agent: Annotated[str, typer.Option(help="module:attribute of the Agent")],
+        store: BatchStore = DEFAULT_STORE,
+        concurrency: Annotated[
+            int,
+            typer.Option(
+                min=0, help="jobs run here at once (0: only submit and follow; workers run them)"
+            ),
+        ] = 64,
+        batch_id: Annotated[
+            str | None, typer.Option(help="default: the file's name and a hash of its path")
+        ] = None,
+        out: Annotated[
+            Path | None, typer.Option(help="outcomes JSONL (default: JOBS.outcomes.jsonl)")
+        ] = None,
+        skip_bad: Annotated[
+            bool, typer.Option(help="skip lines that are not jobs (default: refuse the file)")
+        ] = False,
+        requeue: Annotated[
+            list[Requeue] | None,
+            typer.Option(help="also run again the jobs that ended so (cancelled ones always do)"),
+        ] = None,
+        lease_ttl: LeaseTTL = 30.0,
+    ) -> None:
+        """Run every job of a JSONL file as a resumable batch.  Ctrl-C, then the same command
+        again, resumes it.  ('batch cancel ID' and 'batch status ID' act on a batch.)
+
+        Exit status: 0 every job completed, 1 some did not, 130 Ctrl-C, 2 bad input."""
+        target = out if out is not None else jobs.with_name(f"{jobs.stem}.outcomes.jsonl")
+        again: list[JobStatus] = ["cancelled", *(r.value for r in requeue or ())]
+        execute(
+            lambda: run_batch(
+                console(),
+                load_agent(agent),
+                jobs,
+                store=store,
+                batch_id=batch_id or default_batch_id(jobs),
+                concurrency=concurrency,
+                out=target,
+                skip_bad=skip_bad,
+                requeue=again,
+                lease_ttl=lease_ttl,
+            )
+        )
+
+    @app.command("batch-cancel")
+    def batch_cancel(
+        batch_id: Annotated[str, typer.Argument(metavar="BATCH_ID", help="the batch's id")],
+        store: BatchStore = DEFAULT_STORE,
+        mode: Annotated[CancelMode, typer.Option(help="how running jobs stop")] = (
+            CancelMode.immediate
+        ),
+        reason: Annotated[str, typer.Option(help="recorded with each job")] = (
+            "cancelled from the command line"
+        ),
+    ) -> None:
+        """Cancel a batch wherever its jobs run (also: 'batch cancel ID')."""
+        execute(
+            lambda: cancel_batch(console(), batch_id, store=store, mode=mode.value, reason=reason)
+        )
+
+    @app.command("batch-status")
+    def batch_status_command(
+        batch_id: Annotated[str, typer.Argument(metavar="BATCH_ID", help="the batch's id")],
+        store: BatchStore = DEFAULT_STORE,
+    ) -> None:
+        """A batch's jobs per status (also: 'batch status ID')."""
+        execute(lambda: batch_status(console(), batch_id, store=store))
+
+    @app.command()
+    def worker(
+        agents: Annotated[
+            list[str], typer.Argument(metavar="AGENTS", help="module:attribute of each Agent")
+        ],
+        store: BatchStore = DEFAULT_STORE,
+        concurrency: Annotated[int, typer.Option(min=1, help="jobs run here at once")] = 64,
+        lease_ttl: LeaseTTL = 30.0,
+    ) -> None:
+        """Run queued jobs of the open batches of these agents until SIGTERM or Ctrl-C."""
+        execute(
+            lambda: run_worker(
+                console(),
+                [load_agent(spec) for spec in agents],
+                store=store,
+                concurrency=concurrency,
+                lease_ttl=lease_ttl,
+            )
+        )

@@ -5,15 +5,20 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from functools import partial
+from typing import Annotated
 
 import trio
+import typer
 from rich.console import Console
 
+from .._exceptions import UsageError
 from ..agents import AgentLike
 from ..runner import Runner
-from ..server import create_app, serve
+from ..server import create_app, load_tokens, serve
+from ..server._serve import LOOPBACK
+from ._common import DEFAULT_STORE, StoreOption, console, execute, load_agent
 
-__all__ = ["serve_agents"]
+__all__ = ["register", "serve_agents"]
 
 
 async def serve_agents(
@@ -63,3 +68,69 @@ async def serve_agents(
                 )
             sys.stdout.flush()
     console.print("stopped; every invocation's ending is stored", markup=False)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def serve(
+        agents: Annotated[
+            list[str],
+            typer.Argument(metavar="AGENTS", help="module:attribute of each Agent (or workflow)"),
+        ],
+        store: StoreOption = DEFAULT_STORE,
+        host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+        port: Annotated[int, typer.Option(min=0, max=65535, help="0 takes a free port")] = 8000,
+        tokens: Annotated[
+            str | None,
+            typer.Option(
+                metavar="FILE",
+                help="bearer tokens: JSON {token: user} or lines 'token user' "
+                "(default: $TRIO_AGENTS_TOKENS, 'token=user,...')",
+            ),
+        ] = None,
+        insecure_dev: Annotated[
+            bool,
+            typer.Option(
+                help="serve without tokens, on 127.0.0.1 only (every request is the user it names)"
+            ),
+        ] = False,
+        cors_origin: Annotated[
+            list[str] | None, typer.Option(help="allow this origin (repeatable)")
+        ] = None,
+        max_active_per_user: Annotated[int, typer.Option(min=1)] = 8,
+        lease_ttl: Annotated[
+            float,
+            typer.Option(
+                min=1.0,
+                help="seconds an invocation's lease lasts: how soon another instance may "
+                "resume the invocations of one that died",
+            ),
+        ] = 30.0,
+    ) -> None:
+        """Serve agents over HTTP, SSE and WebSocket until SIGTERM or Ctrl-C."""
+
+        async def main() -> int:
+            loaded = [load_agent(spec) for spec in agents]
+            found = load_tokens(tokens)
+            if not found and not insecure_dev:
+                raise UsageError(
+                    "no bearer tokens: give --tokens FILE or set $TRIO_AGENTS_TOKENS "
+                    "('token=user,...'), or serve on 127.0.0.1 without them with --insecure-dev"
+                )
+            if insecure_dev and host not in LOOPBACK:
+                raise UsageError(f"--insecure-dev serves on 127.0.0.1 only, not on {host!r}")
+            await serve_agents(
+                console(),
+                loaded,
+                store=store,
+                host=host,
+                port=port,
+                tokens=found,
+                insecure_dev=insecure_dev,
+                cors_origins=cors_origin or [],
+                max_active_per_user=max_active_per_user,
+                lease_ttl=lease_ttl,
+            )
+            return 0
+
+        execute(main)

@@ -1,0 +1,218 @@
+"""The `trio-agents` commands a script relies on: exit statuses, one-line errors for each bad
+input, `invocations` / `sessions` / `decide` / `resume` on a real SQLite store, `--help`.
+Each runs the real console script as a subprocess against the fake model server."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from trio_agents.messages import ToolCall
+from trio_agents.testing import FakeServer, open_fake_openai_server, openai_error, openai_stream
+
+from .test_cli import ROOT, command
+
+pytestmark = pytest.mark.slow
+
+
+class Done:
+    def __init__(self, code: int, out: str, err: str) -> None:
+        self.code, self.out, self.err = code, out, err
+
+    def __repr__(self) -> str:
+        return f"<exit {self.code}\nstdout: {self.out}\nstderr: {self.err}>"
+
+
+async def cli(tmp_path: Path, *args: str, server: FakeServer | None = None, **env: str) -> Done:
+    """``trio-agents ARGS`` in tmp_path (its default store is tmp_path/.trio_agents)."""
+    environ = {**os.environ, "PYTHONPATH": str(ROOT), "OPENAI_API_KEY": "sk-test"}
+    environ.pop("TRIO_AGENTS_STORE", None)
+    if server is not None:
+        environ["OPENAI_BASE_URL"] = server.base_url
+    environ.update(env)
+    with trio.fail_after(60):
+        done = await trio.run_process(
+            [*command(), *args],
+            cwd=tmp_path,
+            env=environ,
+            stdin=b"",
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    return Done(done.returncode, done.stdout.decode(), done.stderr.decode())
+
+
+def one_error_line(done: Done) -> str:
+    """The error a command printed: one line on stderr, no traceback."""
+    lines = done.err.strip().splitlines()
+    assert len(lines) == 1, done
+    assert "Traceback" not in done.out + done.err
+    assert lines[0].startswith("error: "), done
+    return lines[0]
+
+
+async def test_help_lists_every_command_in_plain_words(tmp_path: Path) -> None:
+    done = await cli(tmp_path, "--help")
+    assert done.code == 0, done
+    for name in (
+        "demo",
+        "run",
+        "resume",
+        "chat",
+        "serve",
+        "decide",
+        "batch",
+        "worker",
+        "invocations",
+        "sessions",
+    ):
+        assert re.search(rf"\b{name}\b", done.out), name
+    assert "``" not in done.out  # no docstring markup
+    assert "cancel scope" in done.out
+
+
+async def test_each_bad_input_is_one_line_that_says_what_to_do(tmp_path: Path) -> None:
+    run = ("run", "--store", "memory://")
+    no_module = await cli(tmp_path, *run, "no_such_module:agent", "hi")
+    assert no_module.code == 2
+    assert "cannot import module 'no_such_module': no such module" in one_error_line(no_module)
+
+    missing = await cli(tmp_path, *run, "examples.weather:nope", "hi")
+    assert missing.code == 2
+    line = one_error_line(missing)
+    assert "module 'examples.weather' has no attribute 'nope' (it has: agent)" in line
+
+    not_agent = await cli(tmp_path, *run, "examples.weather:get_weather", "hi")
+    assert not_agent.code == 2
+    assert "is a Tool, not an agent" in one_error_line(not_agent)
+
+    no_key = await cli(tmp_path, *run, "examples.weather:agent", "hi", OPENAI_API_KEY="")
+    assert no_key.code == 2
+    line = one_error_line(no_key)
+    assert "OPENAI_API_KEY is not set" in line
+    assert "Export OPENAI_API_KEY" in line
+
+    # Unreachable: the invocation is tried, fails, and the hint names the server.
+    down = await cli(
+        tmp_path, *run, "examples.weather:agent", "hi", OPENAI_BASE_URL="http://127.0.0.1:9/v1"
+    )
+    assert down.code == 1, down
+    assert "failed" in down.out
+    assert "could not connect to http://127.0.0.1:9/v1" in down.out
+    assert "hint: is the model server at http://127.0.0.1:9/v1 running?" in down.out
+    assert "Traceback" not in down.out + down.err
+
+    unknown = await cli(tmp_path, "invocations", "show", "nope")
+    assert unknown.code == 2
+    assert "no store at '.trio_agents/agents.db'" in one_error_line(unknown)
+    store = f"sqlite:///{tmp_path / 'agents.db'}"
+    await cli(tmp_path, "invocations", "ls", "--store", store)  # creates nothing on its own
+    assert not (tmp_path / "agents.db").exists()
+
+    usage = await cli(tmp_path, "run", "examples.weather:agent")
+    assert usage.code == 2
+    assert "Missing argument" in usage.err
+
+
+async def test_debug_shows_the_traceback(tmp_path: Path) -> None:
+    done = await cli(tmp_path, "--debug", "run", "--store", "memory://", "nope:agent", "hi")
+    assert done.code != 0
+    assert "Traceback" in done.err
+    assert "UsageError: cannot import module 'nope'" in done.err
+
+
+async def test_exit_statuses_and_a_paused_invocation_decided_then_resumed(
+    tmp_path: Path,
+) -> None:
+    """completed 0, failed 1, paused 3 (`--no-input`); `decide` then `resume` finish it;
+    `invocations ls|show` tell each one's status, reason, usage and tool calls."""
+    deploy = ToolCall(id="call_1", name="deploy", arguments='{"service": "api"}')
+    async with open_fake_openai_server() as server:
+        server.enqueue(
+            openai_stream(["Fine."]),
+            openai_stream(tool_calls=[deploy]),
+            openai_stream(["Deployed."]),
+        )
+        ok = await cli(tmp_path, "run", "examples.weather:agent", "hi", server=server)
+        assert ok.code == 0, ok
+        assert "completed" in ok.out
+
+        paused = await cli(
+            tmp_path, "run", "examples.deploy:agent", "ship", "--no-input", server=server
+        )
+        assert paused.code == 3, paused
+        found = re.search(r"trio-agents decide (\S+) (\S+) --approve", paused.out)
+        assert found, paused.out
+        inv, approval = found.groups()
+        assert f"then: trio-agents resume {inv}" in paused.out
+
+        shown = await cli(tmp_path, "invocations", "show", inv, "--json")
+        info: dict[str, Any] = json.loads(shown.out)
+        assert info["status"] == "paused"
+        assert [(g["id"], g["tool"], g["state"]) for g in info["gates"]] == [
+            (approval, "deploy", "open")
+        ]
+
+        decided = await cli(tmp_path, "decide", inv, approval, "--approve", "--reason", "ok")
+        assert decided.code == 0, decided
+        assert f"approved {approval}" in decided.out
+        again = await cli(tmp_path, "decide", inv, approval, "--deny")
+        assert again.code == 1, again
+        assert "decided already" in again.out
+
+        resumed = await cli(
+            tmp_path, "resume", inv, "--agent", "examples.deploy:agent", server=server
+        )
+        assert resumed.code == 0, resumed
+        assert "Deployed." in resumed.out
+
+        server.enqueue(openai_error(400, "the prompt is too long"))
+        failed = await cli(tmp_path, "run", "examples.weather:agent", "x", server=server)
+        assert failed.code == 1, failed
+        assert "the prompt is too long" in failed.out
+
+    listed = json.loads((await cli(tmp_path, "invocations", "ls", "--json")).out)
+    by_id = {r["invocation_id"]: r["status"] for r in listed}
+    assert sorted(by_id.values()) == ["completed", "completed", "failed"]
+    assert by_id[inv] == "completed"
+    shown = await cli(tmp_path, "invocations", "show", inv, "--json")
+    info = json.loads(shown.out)
+    assert info["runs"] == 2
+    assert info["usage"]["output_tokens"] >= 0
+    [call] = info["tool_calls"]
+    assert (call["name"], call["result"], call["is_error"]) == ("deploy", "api is deployed", False)
+    table = await cli(tmp_path, "invocations", "show", inv)
+    assert "deploy" in table.out
+    assert "approved" in table.out
+    missing = await cli(tmp_path, "invocations", "show", "nope")
+    assert missing.code == 2
+    assert "no invocation with id 'nope'" in one_error_line(missing)
+    unknown_gate = await cli(tmp_path, "decide", inv, "nope", "--approve")
+    assert unknown_gate.code == 2
+    assert "no approval 'nope'" in one_error_line(unknown_gate)
+
+
+async def test_sessions_ls_and_show(tmp_path: Path) -> None:
+    async with open_fake_openai_server() as server:
+        server.enqueue(openai_stream(["Hello ", "there."]))
+        done = await cli(
+            tmp_path, "run", "examples.weather:agent", "hi", "--session", "s-1", server=server
+        )
+        assert done.code == 0, done
+    listed = await cli(tmp_path, "sessions", "ls")
+    assert "s-1" in listed.out
+    shown = await cli(tmp_path, "sessions", "show", "s-1")
+    assert "you hi" in shown.out
+    assert "weather Hello there." in shown.out
+    data = json.loads((await cli(tmp_path, "sessions", "show", "s-1", "--json")).out)
+    assert [e["author"] for e in data["entries"]] == ["user", "weather"]
+    missing = await cli(tmp_path, "sessions", "show", "nope")
+    assert missing.code == 2
+    assert "nope" in one_error_line(missing)

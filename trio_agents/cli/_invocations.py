@@ -1,0 +1,325 @@
+"""``trio-agents invocations ls|show`` and ``trio-agents decide``: what a store holds of its
+invocations, read straight from the store (no runner, no model), and a decision on a gate.
+
+``decide`` records the decision in the store; the invocation takes it up wherever it waits
+(parked in a process that shares the store), or at its next ``resume`` when it ended
+``paused``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Annotated, Any
+
+import trio
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from .. import approvals
+from .._exceptions import UsageError
+from ..events import (
+    ApprovalRequested,
+    Event,
+    InvocationEnded,
+    ToolCallFinished,
+    ToolCallStarted,
+    to_dict,
+)
+from ..stores._base import InvocationRecord, Store
+from ..stores._open import open_store
+from ._common import DEFAULT_STORE, Exit, StoreOption, console, execute
+
+__all__ = ["existing_store", "register", "when"]
+
+_STATUSES = ("running", "completed", "failed", "cancelled", "paused")
+
+
+@asynccontextmanager
+async def existing_store(url: str) -> AsyncIterator[Store]:
+    """The store at ``url``; a SQLite file that does not exist is an error, not a new store."""
+    if url.startswith("sqlite:///"):
+        path = trio.Path(url.removeprefix("sqlite:///"))
+        if not await path.exists():
+            raise UsageError(
+                f"no store at {str(path)!r}: run from the directory where the agents ran, or "
+                "pass --store (or set TRIO_AGENTS_STORE)"
+            )
+    async with open_store(url) as store:
+        yield store
+
+
+def when(at: float) -> str:
+    return datetime.fromtimestamp(at).strftime("%Y-%m-%d %H:%M:%S") if at else "-"
+
+
+def _short(text: str, width: int = 48) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def record_json(record: InvocationRecord) -> dict[str, Any]:
+    return {
+        "invocation_id": record.id,
+        "agent": record.agent,
+        "status": record.status,
+        "input": record.input,
+        "user_id": record.user_id,
+        "session_id": record.session_id,
+        "created_at": record.created_at,
+        "updated_at": record.updated_at,
+        "last_seq": record.last_seq,
+    }
+
+
+def _details(record: InvocationRecord, events: list[Event]) -> dict[str, Any]:
+    """An invocation as ``show`` tells it: the record, its last ending, its tool calls (with
+    their results) and its gates."""
+    ended = [e for e in events if isinstance(e, InvocationEnded)]
+    last = ended[-1] if ended else None
+    calls: dict[str, dict[str, Any]] = {}
+    for event in events:
+        if isinstance(event, ToolCallStarted):
+            calls[event.call.id] = {
+                "id": event.call.id,
+                "name": event.call.name,
+                "arguments": event.call.arguments,
+                "started_at": event.at,
+                "result": None,
+                "is_error": None,
+            }
+        elif isinstance(event, ToolCallFinished) and event.result.call_id in calls:
+            call = calls[event.result.call_id]
+            call["result"] = event.result.content
+            call["is_error"] = event.result.is_error
+            call["seconds"] = round(event.at - call["started_at"], 3)
+    gates = approvals.tally(events)
+    asked = {approvals.id_of(e): e for e in events if isinstance(e, ApprovalRequested)}
+    return {
+        **record_json(record),
+        "reason": last.reason if last else None,
+        "output": last.output if last else "",
+        "usage": to_dict(last)["usage"] if last else None,
+        "error": to_dict(last)["error"] if last else None,
+        "runs": len(ended),
+        "tool_calls": list(calls.values()),
+        "gates": [
+            {
+                "id": gate_id,
+                "kind": info.kind,
+                "tool": info.tool,
+                "state": info.state,
+                "arguments": asked[gate_id].call.arguments if gate_id in asked else None,
+            }
+            for gate_id, info in gates.items()
+        ],
+    }
+
+
+async def _ls(
+    store_url: str, status: str | None, session: str | None, limit: int, as_json: bool
+) -> int:
+    if status is not None and status not in _STATUSES:
+        raise UsageError(f"--status must be one of {', '.join(_STATUSES)}, got {status!r}")
+    async with existing_store(store_url) as store:
+        records = await store.list_invocations(
+            status=status,  # type: ignore[arg-type]
+            session_id=session,
+            limit=limit,
+        )
+    out = console()
+    if as_json:
+        out.print_json(json.dumps([record_json(r) for r in records]))
+        return Exit.COMPLETED
+    if not records:
+        out.print(f"no invocations in {store_url}")
+        return Exit.COMPLETED
+    table = Table(title=f"invocations in {store_url}", title_justify="left")
+    for column in ("id", "agent", "status", "created", "session", "input"):
+        table.add_column(column, overflow="fold" if column == "id" else "ellipsis")
+    for r in records:
+        table.add_row(
+            r.id,
+            r.agent,
+            _status(r.status),
+            when(r.created_at),
+            r.session_id or "-",
+            escape(_short(r.input)),
+        )
+    out.print(table)
+    return Exit.COMPLETED
+
+
+def _status(status: str) -> str:
+    color = {
+        "completed": "green",
+        "cancelled": "magenta",
+        "paused": "yellow",
+        "running": "cyan",
+    }.get(status, "red")
+    return f"[{color}]{status}[/]"
+
+
+async def _show(store_url: str, invocation_id: str, as_json: bool) -> int:
+    async with existing_store(store_url) as store:
+        record = await store.get_invocation(invocation_id)
+        events = await store.load_events(invocation_id)
+    info = _details(record, events)
+    out = console()
+    if as_json:
+        out.print_json(json.dumps(info))
+        return Exit.COMPLETED
+    out.print(f"[bold]{escape(record.id)}[/]  {_status(record.status)}")
+    rows = [
+        ("agent", record.agent),
+        ("session", record.session_id or "-"),
+        ("created", when(record.created_at)),
+        ("updated", when(record.updated_at)),
+        ("input", _short(record.input, 200)),
+    ]
+    if info["reason"]:
+        rows.append(("reason", info["reason"]))
+    if info["usage"]:
+        u = info["usage"]
+        rows.append(
+            (
+                "usage",
+                f"{u['input_tokens']} in / {u['output_tokens']} out tokens, "
+                f"{u['requests']} requests",
+            )
+        )
+    if info["runs"] > 1:
+        rows.append(("runs", f"{info['runs']} (resumed {info['runs'] - 1}x)"))
+    for key, value in rows:
+        out.print(f"  [dim]{key:>8}[/] {escape(str(value))}")
+    if info["tool_calls"]:
+        table = Table(
+            "tool", "arguments", "result", "seconds", title="tool calls", title_justify="left"
+        )
+        for call in info["tool_calls"]:
+            result = "(did not finish)" if call["result"] is None else _short(call["result"], 60)
+            style = "red" if call["is_error"] else None
+            table.add_row(
+                call["name"],
+                escape(_short(call["arguments"], 40)),
+                escape(result),
+                str(call.get("seconds", "-")),
+                style=style,
+            )
+        out.print(table)
+    for gate in info["gates"]:
+        out.print(
+            f"  [yellow]{gate['kind']}[/] {escape(gate['id'])} on {escape(gate['tool'])}: "
+            f"{gate['state']}"
+        )
+    if info["output"]:
+        out.print("[dim]output:[/]")
+        out.print(info["output"], markup=False)
+    return Exit.COMPLETED
+
+
+async def _decide(
+    store_url: str,
+    invocation_id: str,
+    approval_id: str,
+    *,
+    approved: bool,
+    reason: str | None,
+    arguments: str | None,
+    agent: str | None,
+) -> int:
+    from ..runner import Runner
+    from ._common import load_agent
+
+    agents = [load_agent(agent)] if agent else []
+    async with existing_store(store_url) as store:
+        record = await store.get_invocation(invocation_id)
+        async with Runner(store=store, agents=agents) as runner:
+            recorded = await runner.decide(
+                invocation_id,
+                approval_id,
+                approved=approved,
+                reason=reason,
+                by="cli",
+                arguments=arguments,
+            )
+    out = console()
+    if not recorded:
+        out.print(f"{escape(approval_id)} was decided already: the first decision stands")
+        return Exit.FAILED
+    word = "[green]approved[/]" if approved else "[red]denied[/]"
+    out.print(f"{word} {escape(approval_id)} of {escape(invocation_id)}")
+    if record.status == "paused":
+        out.print(
+            f"continue it with: trio-agents resume {invocation_id} "
+            f"--agent {agent or 'MODULE:AGENT'} --store {store_url}"
+        )
+    return Exit.COMPLETED
+
+
+IdArg = Annotated[str, typer.Argument(metavar="INVOCATION_ID", help="the invocation's id")]
+JsonOption = Annotated[bool, typer.Option("--json", help="print JSON")]
+
+
+def register(app: typer.Typer) -> None:
+    invocations = typer.Typer(help="Look at the invocations a store holds.", no_args_is_help=True)
+    app.add_typer(invocations, name="invocations")
+
+    @invocations.command("ls")
+    def ls(
+        store: StoreOption = DEFAULT_STORE,
+        status: Annotated[str | None, typer.Option(help="only those with this status")] = None,
+        session: Annotated[str | None, typer.Option(help="only those of this session")] = None,
+        limit: Annotated[int, typer.Option(min=1, help="at most this many")] = 50,
+        as_json: JsonOption = False,
+    ) -> None:
+        """The newest invocations: id, agent, status, when, session, input."""
+        execute(lambda: _ls(store, status, session, limit, as_json))
+
+    @invocations.command("show")
+    def show(
+        invocation_id: IdArg, store: StoreOption = DEFAULT_STORE, as_json: JsonOption = False
+    ) -> None:
+        """One invocation: status, reason, usage, tool calls, approvals, output."""
+        execute(lambda: _show(store, invocation_id, as_json))
+
+    @app.command()
+    def decide(
+        invocation_id: IdArg,
+        approval_id: Annotated[
+            str, typer.Argument(metavar="APPROVAL_ID", help="the approval's id (see `show`)")
+        ],
+        approve: Annotated[
+            bool | None,
+            typer.Option(
+                "--approve/--deny", help="approve the call, or deny it", show_default=False
+            ),
+        ] = None,
+        reason: Annotated[str | None, typer.Option(help="why (the model reads it)")] = None,
+        arguments: Annotated[
+            str | None, typer.Option(help="approve with these arguments instead (a JSON object)")
+        ] = None,
+        agent: Annotated[
+            str | None,
+            typer.Option(help="module:attribute of its agent (needed to check --arguments)"),
+        ] = None,
+        store: StoreOption = DEFAULT_STORE,
+    ) -> None:
+        """Approve or deny a tool call an invocation waits for (it runs here, in another
+        process, or ended paused: then `resume` it)."""
+        if approve is None:
+            raise typer.BadParameter("say --approve or --deny", param_hint="'--approve/--deny'")
+        execute(
+            lambda: _decide(
+                store,
+                invocation_id,
+                approval_id,
+                approved=approve,
+                reason=reason,
+                arguments=arguments,
+                agent=agent,
+            )
+        )
