@@ -47,6 +47,8 @@ from ..events import (
     InvocationEnded,
     LoopTurnEnded,
     LoopTurnStarted,
+    TextDelta,
+    ToolCallStarted,
 )
 from ..messages import AssistantMessage, UserMessage
 from ..runner import Runner
@@ -82,6 +84,7 @@ class Chat:
         self.presses = CtrlC()  # during an answer (a new one for each turn)
         self.idle_presses = CtrlC()  # between answers
         self.quit = False  # Ctrl-C twice between answers
+        self.label = True  # name the agent before the next text it streams
 
     def busy(self) -> bool:
         return self.loop.current_turn is not None or bool(self.loop.pending)
@@ -93,9 +96,15 @@ class Chat:
         """Print the loop's events after ``cursor`` until this opening of the loop ends."""
         printer = self.printer
         async for event in self.loop.events(after=cursor):
+            if isinstance(event, TextDelta) and self.label:
+                self.out.print(f"[bold green]{escape(self.loop.agent.name)}>[/] ", end="")
+                self.label = False
+            elif isinstance(event, ToolCallStarted):
+                self.label = True
             printer.show(event)
             if isinstance(event, LoopTurnStarted):
                 self.presses = CtrlC()
+                self.label = True
                 if event.resumed:
                     self.out.print("[dim](continuing the answer that was cut off)[/]")
             elif isinstance(event, ApprovalRequested):
