@@ -15,12 +15,17 @@ import threading
 from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import attrs
 import pytest
 import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve as hypercorn_serve
+from hypercorn.typing import ASGIFramework
 from playwright.sync_api import Browser, Page, Request, expect, sync_playwright
+from starlette.applications import Starlette
+from starlette.routing import Mount
 
 import trio_agents as ta
 from trio_agents.messages import ToolCall
@@ -34,6 +39,7 @@ T = TypeVar("T")
 
 SHOTS = Path(__file__).resolve().parent.parent / ".artifacts" / "ui"
 WAIT_MS = 10_000  # the longest any page condition may take
+expect.set_options(timeout=WAIT_MS)
 
 
 # ==== the server, in its own thread ==============================================================
@@ -75,6 +81,7 @@ class Served:
 
     url: str  # approvals wait as long as it takes
     pausing_url: str  # approvals end the invocation `paused` after 0.2 s
+    mounted_url: str  # the first app, mounted at /agents in another Starlette app
     fake: FakeServer
     deployed: list[str]
     token: trio.lowlevel.TrioToken
@@ -120,14 +127,31 @@ async def _serve_all(
         ta.Runner(approval_timeout=0.2) as pausing,
         trio.open_nursery() as nursery,
     ):
-        urls = []
+        urls, apps = [], []
         for r in (runner, pausing):
             app = create_app([make_agent(model, deployed)], runner=r, tokens=TOKENS, ui=True)
             bound: list[str] = await nursery.start(
                 partial(serve, app, host="127.0.0.1", port=0, shutdown_trigger=stop.wait)
             )
             urls.append(bound[0])
-        ready.put(Served(urls[0], urls[1], fake, deployed, trio.lowlevel.current_trio_token()))
+            apps.append(app)
+        outer = Starlette(routes=[Mount("/agents", app=apps[0])])
+        config = Config()
+        config.bind = ["127.0.0.1:0"]
+        config.accesslog = None
+        bound = await nursery.start(
+            partial(hypercorn_serve, cast(ASGIFramework, outer), config, shutdown_trigger=stop.wait)
+        )
+        ready.put(
+            Served(
+                url=urls[0],
+                pausing_url=urls[1],
+                mounted_url=bound[0] + "/agents",
+                fake=fake,
+                deployed=deployed,
+                token=trio.lowlevel.current_trio_token(),
+            )
+        )
 
 
 def _thread_main(ready: queue.Queue[Served | BaseException], stop: list[trio.Event]) -> None:
@@ -345,3 +369,15 @@ def test_resume_a_paused_invocation(served: Served, page: Page) -> None:
     expect(page.locator('#events .row[data-kind="started"]')).to_have_count(2)
     assert_each_event_once(row_ids(page))
     shot(page, "10-resumed")
+
+
+def test_the_page_works_under_a_prefix(served: Served, page: Page) -> None:
+    """Mounted at /agents in another app: the redirect lands on /agents/ui/ and the page's
+    requests reach the API there."""
+    page.goto(served.mounted_url + "/")
+    expect(page).to_have_url(served.mounted_url + "/ui/")
+    connect(page, served.mounted_url)
+    send(page, "hello")
+    expect(page.locator(".outcome")).to_have_attribute("data-status", "completed")
+    expect(answer(page)).to_have_text("Hello there!")
+    expect(page.locator(".session.active")).to_have_count(1)

@@ -203,7 +203,8 @@ async function newSession() {
 
 function markActive() {
   for (const b of document.querySelectorAll(".session")) b.classList.toggle("active", b.dataset.session === ui.session);
-  history.replaceState(null, "", ui.session ? `#app=${enc(ui.app)}&session=${enc(ui.session)}` : "#");
+  const here = location.pathname + location.search;
+  history.replaceState(null, "", ui.session ? `${here}#app=${enc(ui.app)}&session=${enc(ui.session)}` : here);
 }
 
 function showSession(id) {
