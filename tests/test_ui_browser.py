@@ -82,6 +82,7 @@ class Served:
     url: str  # approvals wait as long as it takes
     pausing_url: str  # approvals end the invocation `paused` after 0.2 s
     mounted_url: str  # the first app, mounted at /agents in another Starlette app
+    dev_url: str  # insecure_dev: no tokens, the user a request names is believed
     fake: FakeServer
     deployed: list[str]
     token: trio.lowlevel.TrioToken
@@ -135,6 +136,10 @@ async def _serve_all(
             )
             urls.append(bound[0])
             apps.append(app)
+        dev = create_app([make_agent(model, deployed)], runner=runner, insecure_dev=True, ui=True)
+        dev_bound: list[str] = await nursery.start(
+            partial(serve, dev, host="127.0.0.1", port=0, shutdown_trigger=stop.wait)
+        )
         outer = Starlette(routes=[Mount("/agents", app=apps[0])])
         config = Config()
         config.bind = ["127.0.0.1:0"]
@@ -147,6 +152,7 @@ async def _serve_all(
                 url=urls[0],
                 pausing_url=urls[1],
                 mounted_url=bound[0] + "/agents",
+                dev_url=dev_bound[0],
                 fake=fake,
                 deployed=deployed,
                 token=trio.lowlevel.current_trio_token(),
@@ -257,6 +263,9 @@ def answer(page: Page) -> Any:
 def test_stop_mid_answer_closes_the_model_stream(served: Served, page: Page) -> None:
     """Stop while the answer streams: the fake model server saw the client go away, the
     page shows the cancelled outcome (reason, who) and the timeline has the cancel."""
+    page.goto(f"{served.url}/ui/")
+    expect(page.locator(".banner")).to_contain_text("needs a bearer token")
+    shot(page, "00-needs-token")
     connect(page, served.url)
     shot(page, "01-empty")
     send(page, "tell me a long story")
@@ -303,6 +312,8 @@ def test_approve_with_edited_arguments_and_deny(served: Served, page: Page) -> N
     expect(page.locator(".outcome").last).to_have_attribute("data-status", "completed")
     expect(answer(page)).to_have_text("Result: web deployed")
     assert served.deployed == ["web"]
+    page.locator(".tool").first.locator("summary").click()
+    expect(page.locator(".tool").first.locator(".args")).to_contain_text('"service": "web"')
     shot(page, "06-approved")
 
     send(page, "deploy db")
@@ -314,6 +325,11 @@ def test_approve_with_edited_arguments_and_deny(served: Served, page: Page) -> N
     expect(page.locator('#events .row[data-kind="approval_decided"]')).to_contain_text("denied")
     assert served.deployed == ["web"]
     shot(page, "07-denied")
+    # Reloaded: the earlier invocation comes back as the session's history.
+    page.reload()
+    expect(page.locator(".bubble.assistant .text").first).to_have_text("Result: web deployed")
+    expect(page.locator(".approval")).to_have_attribute("data-state", "denied")
+    shot(page, "07b-history")
 
 
 def test_reload_mid_answer_shows_every_event_once(served: Served, page: Page) -> None:
@@ -381,3 +397,15 @@ def test_the_page_works_under_a_prefix(served: Served, page: Page) -> None:
     expect(page.locator(".outcome")).to_have_attribute("data-status", "completed")
     expect(answer(page)).to_have_text("Hello there!")
     expect(page.locator(".session.active")).to_have_count(1)
+
+
+def test_insecure_dev_needs_no_token(served: Served, page: Page) -> None:
+    """Without tokens (``insecure_dev``) the page connects at once, as user ``dev``."""
+    page.goto(f"{served.dev_url}/ui/")
+    expect(page.locator("#mode")).to_have_text("insecure dev")
+    send(page, "hello")
+    expect(page.locator(".outcome")).to_have_attribute("data-status", "completed")
+    expect(answer(page)).to_have_text("Hello there!")
+    expect(page.locator(".session.active")).to_have_count(1)
+    assert page.locator("#token").input_value() == ""
+    shot(page, "11-insecure-dev")

@@ -162,6 +162,10 @@ async function connect() {
       say(token() ? `The server refused the token: ${err.message}` : "This server needs a bearer token: enter it above.", "info");
     } else sayError(err);
   }
+  if (ui.mode === "dev" && user() !== "dev") {
+    // Auth.user: a request that names no user (the invocation routes) is "dev" without a token.
+    say(`Without a token the server takes stop, approvals and reattach to be user "dev", not "${user()}": they will not find ${user()}'s invocations.`, "info");
+  }
   const pill = $("mode");
   pill.textContent = { token: "token", dev: "insecure dev", "": "not connected" }[ui.mode];
   pill.className = `pill ${ui.mode || "off"}`;
@@ -213,7 +217,7 @@ function showSession(id) {
   ui.cur = null;
   ui.blocks.clear();
   markActive();
-  $("chat-title").textContent = id ? `Session ${id}` : ui.app ? "No session yet" : "";
+  $("chat-title").textContent = id ? `Session ${id}` : ui.app ? "No session yet" : "Not connected";
   setStatus("");
   $("events").replaceChildren();
   $("inv-id").textContent = "";
@@ -401,6 +405,7 @@ function apply(entry, replaying) {
       const el = turnBlock(d.path, d.turn);
       let chip = el.querySelector(`[data-call="${CSS.escape(d.call.id)}"]`);
       if (!chip) el.append(chip = toolChip(d.call));
+      chip.querySelector(".args").textContent = pretty(d.call.arguments); // as approved, maybe edited
       chip.classList.add("running");
       chip.querySelector(".tool-state").textContent = "running…";
       break;
@@ -422,7 +427,10 @@ function apply(entry, replaying) {
       settleCard(d.approval_id, d.state, d.by ? `by ${d.by}` : "", d.arguments);
       break;
     case "ended":
-      for (const el of document.querySelectorAll(".messages .streaming")) el.classList.remove("streaming");
+      for (const el of document.querySelectorAll(".messages .streaming")) {
+        el.classList.remove("streaming");
+        el.classList.add("interrupted"); // its turn never finished
+      }
       if (entry.event === "ended") {
         inv.ended = d;
         setStatus(d.status);
@@ -583,7 +591,11 @@ function setRunning(running) {
   if (running) setStatus("running");
   $("stop-group").hidden = !running;
   $("send").hidden = running;
-  $("message").disabled = running || !ui.mode || !ui.app;
+  const usable = Boolean(ui.mode && ui.app);
+  $("message").disabled = running || !usable;
+  $("send").disabled = !usable;
+  $("new-session").disabled = !usable;
+  $("app").disabled = !ui.apps.length;
   $("message").placeholder = running ? "Waiting for the answer…  (Stop ends it)" : "Message the agent…  (Enter sends, Shift+Enter for a new line)";
   $("stop").disabled = false;
   $("stop").textContent = "Stop";
