@@ -154,3 +154,26 @@ async def case(
 
 
 # ==== end of the stores block =====================================================================
+
+
+# ==== the browser: Debian's Chromium, for tests/test_ui_browser.py ===========================
+
+CHROMIUM = os.environ.get("TRIO_AGENTS_CHROMIUM", "/usr/bin/chromium")
+
+
+@pytest.fixture(scope="session")
+def chromium_path() -> str:
+    """The Chromium the browser tests drive (``TRIO_AGENTS_CHROMIUM``, default Debian's).
+
+    Absent: the test is skipped with the reason - or fails when
+    ``TRIO_AGENTS_REQUIRE_BROWSER=1`` (CI sets it, so a missing browser is never silent).
+    """
+    if not os.access(CHROMIUM, os.X_OK):
+        message = (
+            f"no Chromium at {CHROMIUM}: apt-get install chromium (or point "
+            "TRIO_AGENTS_CHROMIUM at one)"
+        )
+        if os.environ.get("TRIO_AGENTS_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"{message} (required: TRIO_AGENTS_REQUIRE_BROWSER=1)")
+        pytest.skip(message)
+    return CHROMIUM

@@ -21,6 +21,7 @@ from ._errors import ApiError, error_response, handle_api_error
 from ._live import live_routes
 from ._openapi import openapi_route
 from ._routes import http_routes
+from ._ui import ui_routes
 
 __all__ = ["create_app"]
 
@@ -55,6 +56,7 @@ def create_app(
     max_active_per_user: int = 8,
     live_send_queue: int = 256,
     cors_origins: Iterable[str] = (),
+    ui: bool = False,
 ) -> Starlette:
     """The Starlette app serving ``agents`` (each an app, by its name) through ``runner``.
 
@@ -62,7 +64,9 @@ def create_app(
     its nursery.  ``tokens`` maps bearer tokens to user ids (see :func:`load_tokens`);
     without any, only ``insecure_dev=True`` serves (every request is believed to be the user
     it names: for a developer's own machine).  CORS is off unless ``cors_origins`` names
-    origins.  Raises :class:`~trio_agents.UsageError` for a bad configuration.
+    origins.  ``ui=True`` serves the dev UI at ``/ui/`` (and redirects ``/`` to it): a page
+    that drives this API from a browser.  Raises :class:`~trio_agents.UsageError` for a bad
+    configuration.
     """
     if not tokens and not insecure_dev:
         raise UsageError(
@@ -84,6 +88,8 @@ def create_app(
         *live_routes(),
         openapi_route(),
     ]
+    if ui:
+        routes += ui_routes()
     middleware = []
     origins = list(cors_origins)
     if origins:
