@@ -7,9 +7,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import subprocess
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import pytest
 import trio
 
@@ -216,3 +219,46 @@ async def test_sessions_ls_and_show(tmp_path: Path) -> None:
     missing = await cli(tmp_path, "sessions", "show", "nope")
     assert missing.code == 2
     assert "nope" in one_error_line(missing)
+
+
+async def test_serve_shows_the_dev_ui_at_the_root(tmp_path: Path) -> None:
+    """`trio-agents serve` prints where the dev UI is; `/` leads to it; `--no-ui` serves none.
+    SIGTERM stops the command with status 0."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "TRIO_AGENTS_TEST_MODEL_URL": "http://127.0.0.1:9/v1",
+    }
+    store = f"sqlite:///{tmp_path / 'agents.db'}"
+    for flags, served in (((), True), (("--no-ui",), False)):
+        argv = [*command(), "serve", "tests.server_agents:agent", "--insecure-dev", "--port", "0"]
+        argv += ["--store", store, *flags]
+        process = await trio.lowlevel.open_process(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE)
+        try:
+            assert process.stdout is not None
+            seen = b""
+            with trio.fail_after(30):
+                while b"insecure dev mode" not in seen:
+                    chunk = await process.stdout.receive_some()
+                    assert chunk, seen
+                    seen += chunk
+            found = re.search(rb"serving talker at (http://\S+)", seen)
+            assert found, seen
+            url = found.group(1).decode()
+            assert (f"dev UI: {url}/ui/" in seen.decode()) is served
+            async with httpx2.AsyncClient(base_url=url, timeout=30) as client:
+                root = await client.get("/", follow_redirects=True)
+                page = await client.get("/ui/")
+            if served:
+                assert root.status_code == page.status_code == 200
+                assert "text/html" in page.headers["content-type"]
+                assert "app.js" in page.text
+            else:
+                assert (root.status_code, page.status_code) == (404, 404)
+            process.send_signal(signal.SIGTERM)
+            with trio.fail_after(30):
+                assert await process.wait() == 0
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()

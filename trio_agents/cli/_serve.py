@@ -33,8 +33,9 @@ async def serve_agents(
     cors_origins: Sequence[str] = (),
     max_active_per_user: int = 8,
     lease_ttl: float = 30.0,
+    ui: bool = True,
 ) -> None:
-    """Serve ``agents`` until SIGTERM or Ctrl-C.
+    """Serve ``agents`` (and, with ``ui``, the dev UI at ``/``) until SIGTERM or Ctrl-C.
 
     The runner (and its store) is opened first and closed last: a shutdown stops accepting,
     cancels what runs here with reason ``shutdown``, and the runner stores every ending before
@@ -48,12 +49,15 @@ async def serve_agents(
             insecure_dev=insecure_dev,
             cors_origins=cors_origins,
             max_active_per_user=max_active_per_user,
+            ui=ui,
         )
         async with trio.open_nursery() as nursery:
             urls: list[str] = await nursery.start(partial(serve, app, host=host, port=port))
             url = urls[0]
             names = ", ".join(sorted(a.name for a in agents))
             console.print(f"serving {names} at {url}  (store {store})", markup=False)
+            if ui:
+                console.print(f"dev UI: {url}/ui/", markup=False)
             if tokens:
                 token, user = next(iter(tokens.items()))
                 users = ", ".join(sorted(set(tokens.values())))
@@ -106,8 +110,12 @@ def register(app: typer.Typer) -> None:
                 "resume the invocations of one that died",
             ),
         ] = 30.0,
+        ui: Annotated[
+            bool, typer.Option(help="serve the dev UI at / (a page to chat, stop and approve)")
+        ] = True,
     ) -> None:
-        """Serve agents over HTTP, SSE and WebSocket until SIGTERM or Ctrl-C."""
+        """Serve agents over HTTP, SSE and WebSocket, with the dev UI at /, until SIGTERM or
+        Ctrl-C."""
 
         async def main() -> int:
             loaded = [load_agent(spec) for spec in agents]
@@ -130,6 +138,7 @@ def register(app: typer.Typer) -> None:
                 cors_origins=cors_origin or [],
                 max_active_per_user=max_active_per_user,
                 lease_ttl=lease_ttl,
+                ui=ui,
             )
             return 0
 
