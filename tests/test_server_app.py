@@ -71,6 +71,18 @@ async def test_insecure_dev_believes_the_named_user() -> None:
         open_client(url, token=None) as anon,
     ):
         assert (await anon.get("/list-apps")).json() == ["helper"]
+        body: dict[str, object] = {"app_name": "helper", "user_id": "alice", "session_id": "s1"}
+        body["new_message"] = {"parts": [{"text": "hi"}]}
+        ran = await anon.post("/run", json=body)
+        assert ran.status_code == 200, ran.text
+        [inv] = await runner.store.list_invocations()
+        assert inv.user_id == "alice"
+        # An invocation's routes name no user: in dev mode they act on the owner's.
+        seen = await anon.get(f"/invocations/{inv.id}")
+        assert (seen.status_code, seen.json()["user_id"]) == (200, "alice")
+        stopped = await anon.post(f"/invocations/{inv.id}:cancel", json={})
+        assert stopped.status_code == 200, stopped.text
+        assert stopped.json()["status"] == "completed"
 
 
 def test_load_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -96,9 +96,10 @@ class ServerState:
                 404, "app_not_found", f"no app named {app!r}; GET /list-apps lists them"
             ) from None
 
-    async def invocation(self, invocation_id: str, user: str) -> InvocationRecord:
-        """The record of ``invocation_id`` if it is ``user``'s, else 404 (missing or not
-        theirs: the same answer).  Turn loops' records are not invocations here."""
+    async def invocation(self, invocation_id: str, user: str | None) -> InvocationRecord:
+        """The record of ``invocation_id`` if it is ``user``'s (anyone's: ``None``), else 404
+        (missing or not theirs: the same answer).  Turn loops' records are not invocations
+        here."""
         not_found = ApiError(404, "invocation_not_found", f"no invocation {invocation_id!r}")
         if invocation_id.startswith("loop:"):
             raise not_found
@@ -106,9 +107,14 @@ class ServerState:
             record = await self.runner.store.get_invocation(invocation_id)
         except InvocationNotFound:
             raise not_found from None
-        if record.user_id != user:
+        if user is not None and record.user_id != user:
             raise not_found
         return record
+
+    def believes_anyone(self, conn: HTTPConnection) -> bool:
+        """In ``insecure_dev`` mode a request without a token is whoever it names; a route
+        on an invocation names no user, so it may act on anyone's (the owner is the one)."""
+        return self.auth.insecure_dev and "authorization" not in conn.headers
 
     async def read_json(self, request: Request) -> dict[str, Any]:
         """The request's body as a JSON object: 413 past ``max_body``, 400 if it is not

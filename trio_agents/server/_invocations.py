@@ -82,8 +82,9 @@ def client_session_id(record: InvocationRecord) -> str | None:
 async def _record(request: Request) -> tuple[ServerState, str, InvocationRecord]:
     state = _state(request)
     user = state.user(request)
-    record = await state.invocation(request.path_params["invocation_id"], user)
-    return state, user, record
+    anyone = state.believes_anyone(request)
+    record = await state.invocation(request.path_params["invocation_id"], None if anyone else user)
+    return state, (record.user_id or user) if anyone else user, record
 
 
 def _head_id(record: InvocationRecord) -> str:
