@@ -148,12 +148,15 @@ async def test_exit_statuses_and_a_paused_invocation_decided_then_resumed(
         assert "completed" in ok.out
 
         paused = await cli(
-            tmp_path, "run", "examples.deploy:agent", "ship", "--no-input", server=server
+            tmp_path,
+            *("run", "examples.deploy:agent", "ship", "--no-input", "--id", "deploy-1"),
+            server=server,
         )
         assert paused.code == 3, paused
         found = re.search(r"trio-agents decide (\S+) (\S+) --approve", paused.out)
         assert found, paused.out
         inv, approval = found.groups()
+        assert inv == "deploy-1"
         assert f"then: trio-agents resume {inv}" in paused.out
 
         shown = await cli(tmp_path, "invocations", "show", inv, "--json")

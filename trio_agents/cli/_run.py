@@ -115,7 +115,13 @@ def _approval_timeout(no_input: bool) -> float | None:
 
 
 async def _run(
-    agent: AgentLike, prompt: str, store: str, session: str | None, no_input: bool
+    agent: AgentLike,
+    prompt: str,
+    store: str,
+    *,
+    session: str | None,
+    invocation_id: str | None,
+    no_input: bool,
 ) -> int:
     out = console()
     check_models(agent)
@@ -123,7 +129,7 @@ async def _run(
         open_models(agent),
         Runner(store=store, approval_timeout=_approval_timeout(no_input)) as runner,
     ):
-        inv = await runner.start(agent, prompt, session_id=session)
+        inv = await runner.start(agent, prompt, session_id=session, invocation_id=invocation_id)
         outcome, interrupted = await follow(out, runner, inv)
     out.print()
     show_outcome(out, outcome, agent=agent, store=store)
@@ -180,6 +186,10 @@ def register(app: typer.Typer) -> None:
         session: Annotated[
             str | None, typer.Option(help="run in this session (its history is the context)")
         ] = None,
+        invocation_id: Annotated[
+            str | None,
+            typer.Option("--id", help="the invocation's id (default: a new random one)"),
+        ] = None,
         no_input: NoInput = False,
     ) -> None:
         """Run an agent on a prompt, streaming its answer.  Ctrl-C stops it (after the
@@ -187,7 +197,16 @@ def register(app: typer.Typer) -> None:
 
         Exit status: 0 completed, 1 failed, 3 paused (waiting for a decision), 130 stopped
         by Ctrl-C, 2 bad input."""
-        execute(lambda: _run(load_agent(agent), prompt, store, session, no_input))
+        execute(
+            lambda: _run(
+                load_agent(agent),
+                prompt,
+                store,
+                session=session,
+                invocation_id=invocation_id,
+                no_input=no_input,
+            )
+        )
 
     @app.command()
     def resume(
