@@ -10,7 +10,7 @@ test per file, named after it):
   may need a real key or the network, and no block may set ``OPENAI_*`` itself.
 - ```` ```python ````: executed with ``exec`` (in a thread, so a hang fails after
   ``RUN_TIMEOUT``), **all the blocks of one file in one namespace**, in order: a later block
-  may use what an earlier one defined.  Write whole
+  may use what an earlier one defined (``__name__`` is ``"__main__"`` there).  Write whole
   programs (``trio.run(main)``), not fragments with a top-level ``await``.  A block that
   serves forever must take a ``shutdown_trigger`` (or similar) that a later block uses, and
   bind port 0 when it runs here; nothing may wait for a signal (the blocks do not run in
