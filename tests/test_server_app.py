@@ -128,3 +128,41 @@ async def test_cors_is_off_unless_configured() -> None:
             other = await c.options("/run_sse", headers={**preflight, "Origin": "https://evil"})
             assert other.status_code == 400
             assert "access-control-allow-origin" not in other.headers
+
+
+@ta.tool(requires_approval=True)
+async def deploy(service: str) -> str:
+    """Deploy a service."""
+    return f"{service} is deployed"
+
+
+async def test_an_approval_inside_a_workflow_is_decided_over_http() -> None:
+    """A step's approval id carries the step's path ("0:step/1:call_1", a "/"): the decide
+    route takes it raw or percent-encoded."""
+    for encode in (False, True):
+        step = ta.Agent(
+            name="step",
+            model=ScriptedModel([ScriptedTurn.call("deploy", '{"service": "api"}'), "done"]),
+            tools=[deploy],
+        )
+        flow = ta.Sequential(name="flow", steps=[step])
+        async with (
+            ta.Runner() as runner,
+            open_server([flow], runner=runner) as url,
+            open_client(url, token=ALICE) as client,
+        ):
+            inv = await runner.start(flow, "go", user_id="alice")
+            async for event in inv.events():
+                if isinstance(event, ta.events.ApprovalRequested):
+                    break
+            listed = (await client.get(f"/invocations/{inv.id}/approvals")).json()["approvals"]
+            gate = listed[0]["approval_id"]
+            assert "/" in gate
+            path = gate.replace("/", "%2F") if encode else gate
+            decided = await client.post(
+                f"/invocations/{inv.id}/approvals/{path}", json={"approved": True}
+            )
+            assert decided.status_code == 200, decided.text
+            outcome = await inv.wait()
+            assert outcome.status == "completed"
+            assert outcome.gates == {gate: "approved"}

@@ -332,6 +332,9 @@ def invocation_routes() -> list[BaseRoute]:
         Route("/invocations/{invocation_id}:resume", resume, methods=["POST"]),
         Route("/invocations/{invocation_id}/events", invocation_events, methods=["GET"]),
         Route("/invocations/{invocation_id}/approvals", list_approvals, methods=["GET"]),
-        Route("/invocations/{invocation_id}/approvals/{approval_id}", decide, methods=["POST"]),
+        # An approval's id has a "/" inside a workflow ("0:step/1:call_1"): the rest of the path.
+        Route(
+            "/invocations/{invocation_id}/approvals/{approval_id:path}", decide, methods=["POST"]
+        ),
         Route("/invocations/{invocation_id}", get_invocation, methods=["GET"]),
     ]

@@ -16,6 +16,8 @@ __all__ = ["document", "openapi_route"]
 
 ID = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$"}
 INVOCATION_ID = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"}
+# "<turn>:<call id>", with the step's path in front inside a workflow ("0:step/1:call_1").
+APPROVAL_ID = {"type": "string", "minLength": 1, "maxLength": 512}
 NULLABLE_STR = {"type": ["string", "null"]}
 OBJ: dict[str, Any] = {"type": "object"}
 
@@ -65,7 +67,7 @@ def errors(*statuses: int) -> dict[str, Any]:
 
 
 def path_params(*names: str) -> list[dict[str, Any]]:
-    schemas = {"invocation_id": INVOCATION_ID, "approval_id": INVOCATION_ID}
+    schemas = {"invocation_id": INVOCATION_ID, "approval_id": APPROVAL_ID}
     return [
         {"name": n, "in": "path", "required": True, "schema": schemas.get(n, ID)} for n in names
     ]
