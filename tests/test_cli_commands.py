@@ -178,6 +178,7 @@ async def test_exit_statuses_and_a_paused_invocation_decided_then_resumed(
         )
         assert resumed.code == 0, resumed
         assert "Deployed." in resumed.out
+        assert "approve deploy" not in resumed.out  # decided: a resume does not ask again
 
         server.enqueue(openai_error(400, "the prompt is too long"))
         failed = await cli(tmp_path, "run", "examples.weather:agent", "x", server=server)

@@ -75,9 +75,13 @@ async def _ask(out: Console, runner: Runner, event: ApprovalRequested, lock: tri
         )
 
 
-async def follow(out: Console, runner: Runner, inv: Invocation) -> tuple[Outcome, bool]:
-    """Print ``inv``'s events until it ends, answering approvals at the terminal and turning
-    Ctrl-C into a cancel.  Returns the outcome and whether Ctrl-C was pressed."""
+async def follow(
+    out: Console, runner: Runner, inv: Invocation, *, ask: bool = True, after: int = 0
+) -> tuple[Outcome, bool]:
+    """Print ``inv``'s events until it ends, turning Ctrl-C into a cancel and, with ``ask``,
+    putting approvals to the person at the terminal.  ``after``: the event seq shown already
+    (a resume shows only what this run adds).  Returns the outcome and whether Ctrl-C was
+    pressed."""
     printer = EventPrinter(out)
     presses = CtrlC()
     questions = trio.Lock()
@@ -97,9 +101,9 @@ async def follow(out: Console, runner: Runner, inv: Invocation) -> tuple[Outcome
 
         nursery.start_soon(on_ctrl_c)
         try:
-            async for event in inv.events():
+            async for event in inv.events(after_seq=after):
                 printer.show(event)
-                if isinstance(event, ApprovalRequested):
+                if ask and isinstance(event, ApprovalRequested):
                     printer.end_line()
                     nursery.start_soon(_ask, out, runner, event, questions)
             outcome = await inv.wait()
@@ -130,7 +134,7 @@ async def _run(
         Runner(store=store, approval_timeout=_approval_timeout(no_input)) as runner,
     ):
         inv = await runner.start(agent, prompt, session_id=session, invocation_id=invocation_id)
-        outcome, interrupted = await follow(out, runner, inv)
+        outcome, interrupted = await follow(out, runner, inv, ask=not no_input)
     out.print()
     show_outcome(out, outcome, agent=agent, store=store)
     return exit_status(outcome, interrupted=interrupted)
@@ -144,7 +148,9 @@ async def _resume(agent: AgentLike, invocation_id: str, store: str, no_input: bo
         record = await runner.store.get_invocation(invocation_id)
         out.print(f"[dim]resuming {record.status} invocation {invocation_id} of {record.agent}[/]")
         inv = await runner.resume(invocation_id, agent=agent)
-        outcome, interrupted = await follow(out, runner, inv)
+        outcome, interrupted = await follow(
+            out, runner, inv, ask=not no_input, after=record.last_seq
+        )
     out.print()
     show_outcome(out, outcome, agent=agent, store=store)
     return exit_status(outcome, interrupted=interrupted)
