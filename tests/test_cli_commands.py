@@ -102,6 +102,12 @@ async def test_each_bad_input_is_one_line_that_says_what_to_do(tmp_path: Path) -
     assert "OPENAI_API_KEY is not set" in line
     assert "Export OPENAI_API_KEY" in line
 
+    bad_url = await cli(tmp_path, *run, "tests.bad_url_agent:agent", "hi")
+    assert bad_url.code == 2
+    line = one_error_line(bad_url)
+    assert "cannot import module 'tests.bad_url_agent'" in line
+    assert "base_url must start with http:// or https://, got 'localhost:8000/v1'" in line
+
     # Unreachable: the invocation is tried, fails, and the hint names the server.
     down = await cli(
         tmp_path, *run, "examples.weather:agent", "hi", OPENAI_BASE_URL="http://127.0.0.1:9/v1"
