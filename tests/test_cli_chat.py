@@ -122,7 +122,7 @@ async def test_ctrl_c_stops_the_answer_and_the_chat_stays(tmp_path: Path) -> Non
                 await term.ctrl_c()
                 await server.wait_disconnect(1)
                 stopped = await term.expect("stopped: interrupted (Ctrl-C)")
-                assert "stopping the answer after the running tools" in stopped
+                assert "stopping after the running tools" in stopped
                 await term.expect(PROMPT)
                 await term.line("and now?")
                 answered = await term.expect("Second answer.")

@@ -41,6 +41,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from .._exceptions import InvocationNotFound, SessionNotFound
 from ..agents import AgentLike
 from ..events import (
     ApprovalRequested,
@@ -63,7 +64,7 @@ from ._common import (
     load_agent,
     open_models,
 )
-from ._run import CTRL_C, CtrlC
+from ._run import AFTER_TOOLS, CTRL_C, CtrlC
 from ._show import EventPrinter, approval_question
 
 __all__ = ["register"]
@@ -163,10 +164,7 @@ class Chat:
                 if self.loop.current_turn is not None:
                     mode = self.presses.press()
                     if mode == "after_tools":
-                        self.out.print(
-                            "[magenta]stopping the answer after the running tools "
-                            "(Ctrl-C again to stop now)[/]"
-                        )
+                        self.out.print(AFTER_TOOLS)
                     self.loop.cancel_turn(mode, reason=CTRL_C)
                 elif self.idle_presses.press() == "immediate":
                     self.quit = True
@@ -179,8 +177,6 @@ class Chat:
 
 async def _history(out: Console, runner: Runner, session_id: str, last: int = 6) -> None:
     """The end of the conversation so far, when continuing one."""
-    from .._exceptions import SessionNotFound
-
     try:
         session = await runner.store.get_session(session_id)
     except SessionNotFound:
@@ -203,7 +199,7 @@ async def _chat(agent: AgentLike, spec: str, store: str, session_id: str, policy
         await _history(out, runner, session_id)
         try:
             head = (await runner.store.get_invocation(loop_id(session_id))).last_seq
-        except KeyError:  # InvocationNotFound: the conversation has never been opened
+        except InvocationNotFound:  # the conversation has never been opened
             head = 0
         out.print(
             f"[bold]chat with {escape(agent.name)}[/] [dim]· Ctrl-C stops an answer, "

@@ -203,7 +203,7 @@ def execute(fn: Callable[..., Awaitable[int]], *args: Any) -> NoReturn:
 def _status_of(fn: Callable[..., Awaitable[int]], *args: Any) -> int:
     try:
         return int(trio.run(fn, *args))
-    except BaseException as exc:
+    except BaseException as exc:  # outside trio.run: no trio.Cancelled reaches here
         if _debug:
             raise
         leaves = list(_leaves(exc))

@@ -29,9 +29,10 @@ from ..events import (
     ToolCallStarted,
     to_dict,
 )
+from ..runner import Runner
 from ..stores._base import InvocationRecord, Store
 from ..stores._open import open_store
-from ._common import DEFAULT_STORE, Exit, StoreOption, console, execute
+from ._common import DEFAULT_STORE, Exit, StoreOption, console, execute, load_agent
 
 __all__ = ["existing_store", "register", "when"]
 
@@ -231,9 +232,6 @@ async def _decide(
     arguments: str | None,
     agent: str | None,
 ) -> int:
-    from ..runner import Runner
-    from ._common import load_agent
-
     agents = [load_agent(agent)] if agent else []
     async with existing_store(store_url) as store:
         record = await store.get_invocation(invocation_id)

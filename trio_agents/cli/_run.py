@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 import trio
@@ -38,10 +39,11 @@ from ._common import (
 )
 from ._show import EventPrinter, approval_question, show_outcome
 
-__all__ = ["DOUBLE_PRESS", "follow", "register"]
+__all__ = ["AFTER_TOOLS", "CTRL_C", "DOUBLE_PRESS", "CtrlC", "follow", "register"]
 
 DOUBLE_PRESS = 2.0  # seconds: a second Ctrl-C within this stops immediately
 CTRL_C = "interrupted (Ctrl-C)"
+AFTER_TOOLS = "[magenta]stopping after the running tools (Ctrl-C again to stop now)[/]"
 
 
 class CtrlC:
@@ -93,10 +95,7 @@ async def follow(
                     mode = presses.press()
                     printer.end_line()
                     if mode == "after_tools":
-                        out.print(
-                            "[magenta]stopping after the running tools "
-                            "(Ctrl-C again to stop now)[/]"
-                        )
+                        out.print(AFTER_TOOLS)
                     inv.cancel(mode, reason=CTRL_C, by="cli")
 
         nursery.start_soon(on_ctrl_c)
@@ -118,6 +117,26 @@ def _approval_timeout(no_input: bool) -> float | None:
     return 0 if no_input else None
 
 
+async def _at_terminal(
+    agent: AgentLike,
+    store: str,
+    no_input: bool,
+    begin: Callable[[Console, Runner], Awaitable[tuple[Invocation, int]]],
+) -> int:
+    """Open the agent's models and a runner, ``begin`` an invocation (it returns the event seq
+    shown already), follow it to its outcome; return the exit status."""
+    out = console()
+    check_models(agent)
+    # Without a person to ask, an approval pauses the invocation at once (status 3).
+    runner = Runner(store=store, agents=[agent], approval_timeout=0 if no_input else None)
+    async with open_models(agent), runner:
+        inv, shown = await begin(out, runner)
+        outcome, interrupted = await follow(out, runner, inv, ask=not no_input, after=shown)
+    out.print()
+    show_outcome(out, outcome, agent=agent, store=store)
+    return exit_status(outcome, interrupted=interrupted)
+
+
 async def _run(
     agent: AgentLike,
     prompt: str,
@@ -127,33 +146,21 @@ async def _run(
     invocation_id: str | None,
     no_input: bool,
 ) -> int:
-    out = console()
-    check_models(agent)
-    async with (
-        open_models(agent),
-        Runner(store=store, approval_timeout=_approval_timeout(no_input)) as runner,
-    ):
+    async def begin(out: Console, runner: Runner) -> tuple[Invocation, int]:
         inv = await runner.start(agent, prompt, session_id=session, invocation_id=invocation_id)
-        outcome, interrupted = await follow(out, runner, inv, ask=not no_input)
-    out.print()
-    show_outcome(out, outcome, agent=agent, store=store)
-    return exit_status(outcome, interrupted=interrupted)
+        return inv, 0
+
+    return await _at_terminal(agent, store, no_input, begin)
 
 
 async def _resume(agent: AgentLike, invocation_id: str, store: str, no_input: bool) -> int:
-    out = console()
-    check_models(agent)
-    runner = Runner(store=store, agents=[agent], approval_timeout=_approval_timeout(no_input))
-    async with open_models(agent), runner:
+    async def begin(out: Console, runner: Runner) -> tuple[Invocation, int]:
         record = await runner.store.get_invocation(invocation_id)
         out.print(f"[dim]resuming {record.status} invocation {invocation_id} of {record.agent}[/]")
-        inv = await runner.resume(invocation_id, agent=agent)
-        outcome, interrupted = await follow(
-            out, runner, inv, ask=not no_input, after=record.last_seq
-        )
-    out.print()
-    show_outcome(out, outcome, agent=agent, store=store)
-    return exit_status(outcome, interrupted=interrupted)
+        # Show only what this run adds (an approval decided before is not asked again).
+        return await runner.resume(invocation_id, agent=agent), record.last_seq
+
+    return await _at_terminal(agent, store, no_input, begin)
 
 
 NoInput = Annotated[
