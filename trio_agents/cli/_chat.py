@@ -95,40 +95,39 @@ class Chat:
 
     async def print_events(self, cursor: str | None) -> None:
         """Print the loop's events after ``cursor`` until this opening of the loop ends."""
-        printer = self.printer
-        async for event in self.loop.events(after=cursor):
-            if isinstance(event, TextDelta) and self.label:
-                self.out.print(f"[bold green]{escape(self.loop.agent.name)}>[/] ", end="")
-                self.label = False
-            elif isinstance(event, ToolCallStarted):
-                self.label = True
-            printer.show(event)
-            if isinstance(event, LoopTurnStarted):
-                self.presses = CtrlC()
-                self.label = True
-                if event.resumed:
-                    self.out.print("[dim](continuing the answer that was cut off)[/]")
-            elif isinstance(event, ApprovalRequested):
-                printer.end_line()
-                self.questions.append(event)
-                if len(self.questions) == 1:
-                    self.out.print(approval_question(event), end="")
-            elif isinstance(event, InvocationEnded):
-                printer.close()
-                self.questions = collections.deque(
-                    q for q in self.questions if q.invocation_id != event.invocation_id
-                )
-                if event.status == "cancelled":
-                    self.out.print(f"[magenta]⏹ stopped: {escape(event.reason or '')}[/]")
-                elif event.status == "failed":
-                    self.out.print(f"[red]✗ failed: {escape(event.reason or '')}[/]")
-                elif event.status == "paused":
-                    waiting = ", ".join(event.pending_approvals)
-                    self.out.print(f"[yellow]⏸ paused, waiting for {escape(waiting)}[/]")
-            elif isinstance(event, LoopTurnEnded) and not self.busy():
-                self.out.print()
-                self.prompt()
-        printer.close()
+        with self.printer as printer:
+            async for event in self.loop.events(after=cursor):
+                if isinstance(event, TextDelta) and self.label:
+                    self.out.print(f"[bold green]{escape(self.loop.agent.name)}>[/] ", end="")
+                    self.label = False
+                elif isinstance(event, ToolCallStarted):
+                    self.label = True
+                printer.show(event)
+                if isinstance(event, LoopTurnStarted):
+                    self.presses = CtrlC()
+                    self.label = True
+                    if event.resumed:
+                        self.out.print("[dim](continuing the answer that was cut off)[/]")
+                elif isinstance(event, ApprovalRequested):
+                    printer.end_line()
+                    self.questions.append(event)
+                    if len(self.questions) == 1:
+                        self.out.print(approval_question(event), end="")
+                elif isinstance(event, InvocationEnded):
+                    printer.close()
+                    self.questions = collections.deque(
+                        q for q in self.questions if q.invocation_id != event.invocation_id
+                    )
+                    if event.status == "cancelled":
+                        self.out.print(f"[magenta]⏹ stopped: {escape(event.reason or '')}[/]")
+                    elif event.status == "failed":
+                        self.out.print(f"[red]✗ failed: {escape(event.reason or '')}[/]")
+                    elif event.status == "paused":
+                        waiting = ", ".join(event.pending_approvals)
+                        self.out.print(f"[yellow]⏸ paused, waiting for {escape(waiting)}[/]")
+                elif isinstance(event, LoopTurnEnded) and not self.busy():
+                    self.out.print()
+                    self.prompt()
 
     async def read_input(self) -> None:
         """The one reader of stdin, until Ctrl-D."""

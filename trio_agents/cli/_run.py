@@ -84,37 +84,29 @@ async def follow(
     putting approvals to the person at the terminal.  ``after``: the event seq shown already
     (a resume shows only what this run adds).  Returns the outcome and whether Ctrl-C was
     pressed."""
-    printer = EventPrinter(out)
     presses = CtrlC()
     questions = trio.Lock()
-    async with trio.open_nursery() as nursery:
+    with EventPrinter(out) as printer:
+        async with trio.open_nursery() as nursery:
 
-        async def on_ctrl_c() -> None:
-            with trio.open_signal_receiver(signal.SIGINT) as signals:
-                async for _ in signals:
-                    mode = presses.press()
-                    printer.end_line()
-                    if mode == "after_tools":
-                        out.print(AFTER_TOOLS)
-                    inv.cancel(mode, reason=CTRL_C, by="cli")
+            async def on_ctrl_c() -> None:
+                with trio.open_signal_receiver(signal.SIGINT) as signals:
+                    async for _ in signals:
+                        mode = presses.press()
+                        printer.end_line()
+                        if mode == "after_tools":
+                            out.print(AFTER_TOOLS)
+                        inv.cancel(mode, reason=CTRL_C, by="cli")
 
-        nursery.start_soon(on_ctrl_c)
-        try:
+            nursery.start_soon(on_ctrl_c)
             async for event in inv.events(after_seq=after):
                 printer.show(event)
                 if ask and isinstance(event, ApprovalRequested):
                     printer.end_line()
                     nursery.start_soon(_ask, out, runner, event, questions)
             outcome = await inv.wait()
-        finally:
-            printer.close()
-        nursery.cancel_scope.cancel()
+            nursery.cancel_scope.cancel()
     return outcome, presses.pressed > 0
-
-
-def _approval_timeout(no_input: bool) -> float | None:
-    # Without a person to ask, an approval pauses the invocation at once (status 3).
-    return 0 if no_input else None
 
 
 async def _at_terminal(

@@ -41,7 +41,9 @@ class _Running:
 
 
 class EventPrinter:
-    """Prints the events of one invocation (or a conversation's turns) as they come."""
+    """Prints the events of one invocation (or a conversation's turns) as they come.  Use it
+    as a context manager: leaving stops the spinner's refresh thread, however the block ends.
+    """
 
     def __init__(self, console: Console) -> None:
         self.console = console
@@ -87,6 +89,12 @@ class EventPrinter:
         self.stop_spinner()
         self._running.calls.clear()
         self.end_line()
+
+    def __enter__(self) -> EventPrinter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 def approval_question(event: ApprovalRequested) -> str:
