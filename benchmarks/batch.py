@@ -503,8 +503,20 @@ def main() -> None:
     parser.add_argument(
         "--worker-total", type=int, default=64, help="jobs at once, all worker processes together"
     )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        action="append",
+        help="measure only this concurrency (repeatable; default 1, 16, 64 and 256)",
+    )
+    parser.add_argument("--no-workers", action="store_true", help="skip the worker rows")
     args = parser.parse_args()
+    chosen = args.concurrency
     args.concurrency, args.workers = [1, 16, 64, 256], [1, 2, 4]
+    if chosen:
+        args.concurrency = chosen
+    if args.no_workers:
+        args.workers = []
     if args.quick:
         args.concurrency, args.workers = [1, 16], [1, 2]
         args.jobs_per_slot, args.min_jobs, args.worker_total = 2, 4, 16

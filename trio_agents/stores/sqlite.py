@@ -2,8 +2,9 @@
 
 Who owns what
     One ``sqlite3`` connection, opened by the store (lazily, or by :meth:`SQLiteStore.open`) and
-    used from worker threads, one call at a time under a lock that serves lease renewals
-    first (:mod:`._turns`), other calls in order.  One connection because
+    used by one worker thread at a time that works through the store's queue of calls, lease
+    renewals first, other calls in order (:mod:`._serial`: the thread takes the next call as
+    soon as one ends, without a trip through the trio loop).  One connection because
     SQLite has one writer per database anyway: a second connection in this process would only
     make our own calls wait on each other's locks (``SQLITE_BUSY``) instead of on a fair trio
     lock.  Other processes may open the same file; WAL mode lets their readers run while we write.
@@ -28,10 +29,11 @@ Secrets
     copy of the page may remain in the ``-wal`` file.
 
 Cancel
-    A call's thread is never abandoned.  On a trio cancel the store calls
-    ``sqlite3.Connection.interrupt()``: the running statement aborts, the transaction rolls back,
-    and ``trio.Cancelled`` is raised once the thread has returned.  Waiting for another process's
-    write lock is done in short slices, so a cancel ends that wait too.
+    A call still queued is dropped: it never runs.  A running call's thread is never abandoned:
+    on a trio cancel the store calls ``sqlite3.Connection.interrupt()``, the running statement
+    aborts, the transaction rolls back, and ``trio.Cancelled`` is raised once the call has
+    returned.  Waiting for another process's write lock is done in short slices, so a cancel
+    ends that wait too.
 
 Errors
     A path that cannot be created or opened, or a lock held by another process for longer than
@@ -74,9 +76,9 @@ from ._base import (
     Session,
     SessionEntry,
 )
+from ._serial import SerialCalls
 from ._sql_batch import SQLBatches
-from ._threads import Aborted, run_interruptible
-from ._turns import Turns
+from ._threads import Aborted
 
 __all__ = ["SQLiteStore"]
 
@@ -139,8 +141,10 @@ class SQLiteStore(SQLBatches):
         self.path = Path(path)
         self._clock = clock
         self._busy_timeout = busy_timeout
-        self._lock = Turns()  # one call at a time; lease renewals first
+        self._opening = trio.Lock()
         self._conn: sqlite3.Connection | None = None
+        self._in_use: sqlite3.Connection | None = None
+        self._calls = SerialCalls(interrupt=self._interrupt)  # one at a time; renewals first
         self._closed = False
 
     def __repr__(self) -> str:
@@ -157,22 +161,31 @@ class SQLiteStore(SQLBatches):
 
     async def open(self) -> None:
         """Create or open the file and migrate its schema.  Idempotent; calls do it lazily."""
-        async with self._lock.hold():
-            await self._open_locked()
+        await self._opened()
 
-    async def _open_locked(self) -> sqlite3.Connection:
+    async def _opened(self) -> sqlite3.Connection:
         if self._closed:
             raise UsageError(f"{self!r} is closed")
-        if self._conn is None:
-            conn = await trio.to_thread.run_sync(self._connect)
-            try:
-                await self._call(conn, _sql.migrate, write=True)
-            except BaseException:
-                with trio.CancelScope(shield=True):
-                    await trio.to_thread.run_sync(conn.close)
-                raise
-            self._conn = conn
-        return self._conn
+        if self._conn is not None:
+            return self._conn
+        async with self._opening:
+            if self._closed:
+                raise UsageError(f"{self!r} is closed")
+            if self._conn is None:
+                conn = await trio.to_thread.run_sync(self._connect)
+                self._in_use = conn  # what a cancel interrupts
+                try:
+                    await self._call(conn, _sql.migrate, write=True)
+                except BaseException:
+                    with trio.CancelScope(shield=True):
+                        await trio.to_thread.run_sync(conn.close)
+                    raise
+                self._conn = conn
+            return self._conn
+
+    def _interrupt(self) -> None:
+        if self._in_use is not None:
+            self._in_use.interrupt()
 
     def _connect(self) -> sqlite3.Connection:
         where = f"the SQLite database {str(self.path)!r}"
@@ -235,19 +248,21 @@ class SQLiteStore(SQLBatches):
                     raise Aborted("cancelled while waiting for the database lock") from exc
 
     async def _call(
-        self, conn: sqlite3.Connection, fn: Callable[[_sql.Tx], T], *, write: bool
+        self,
+        conn: sqlite3.Connection,
+        fn: Callable[[_sql.Tx], T],
+        *,
+        write: bool,
+        urgent: bool = False,
     ) -> T:
         try:
-            return await run_interruptible(
-                partial(self._transact, conn, fn, write), interrupt=conn.interrupt
-            )
+            return await self._calls.run(partial(self._transact, conn, fn, write), urgent=urgent)
         except sqlite3.Error as exc:
             raise self._translate(exc) from exc
 
     async def _run(self, fn: Callable[[_sql.Tx], T], *, write: bool, urgent: bool = False) -> T:
-        async with self._lock.hold(urgent=urgent):
-            conn = await self._open_locked()
-            return await self._call(conn, fn, write=write)
+        conn = await self._opened()
+        return await self._call(conn, fn, write=write, urgent=urgent)
 
     def _translate(self, exc: sqlite3.Error) -> StoreError:
         where = f"the SQLite database {str(self.path)!r}"
@@ -278,13 +293,13 @@ class SQLiteStore(SQLBatches):
         return await self._run(run, write=True)
 
     async def aclose(self) -> None:
-        """Close the connection (waiting for a call in progress to finish).  Idempotent."""
+        """Close the connection (after the calls already queued).  Idempotent."""
         with trio.CancelScope(shield=True):
-            async with self._lock.hold():
+            async with self._opening:
                 self._closed = True
                 conn, self._conn = self._conn, None
                 if conn is not None:
-                    await trio.to_thread.run_sync(conn.close)
+                    await self._calls.run(lambda _abort: conn.close())
 
     # ---- the Store protocol -----------------------------------------------------------------
 
