@@ -5,8 +5,10 @@ from __future__ import annotations
 import random
 import threading
 import time
+from functools import partial
 from typing import Any
 
+import outcome
 import pytest
 import trio
 
@@ -208,3 +210,73 @@ async def test_random_calls_and_cancels(seed: int) -> None:
     assert set(conn.interrupted) - {None} <= cancelled_names
     assert calls.statistics() == (0, 0)
     assert store_threads() == []
+
+
+async def test_calls_queued_together_run_together_in_order() -> None:
+    """Calls with a group item that queue up behind a running call are handed over together
+    (at most ``max_together``, stopping at a call that must run alone); each caller gets its
+    own outcome, an error included; a call with no company runs alone."""
+    conn = Connection()
+    groups: list[list[object]] = []
+
+    def run_together(items: Any, aborts: Any) -> list[Any]:
+        groups.append(list(items))
+        return [
+            outcome.Error(ValueError(f"{item} failed")) if item == "bad" else outcome.Value(item)
+            for item in items
+        ]
+
+    calls = SerialCalls(interrupt=conn.interrupt, run_together=run_together, max_together=3)
+    gate = threading.Event()
+    got: dict[str, object] = {}
+
+    async def call(name: str, together: bool = True) -> None:
+        try:
+            got[name] = await calls.run(conn.work(name), group_item=name if together else None)
+        except ValueError as exc:
+            got[name] = str(exc)
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(calls.run, lambda abort: gate.wait(5))
+            await trio.sleep(0.05)
+            for name, together in [
+                ("a", True),
+                ("bad", True),
+                ("c", True),
+                ("d", True),
+                ("alone", False),
+                ("e", True),
+            ]:
+                nursery.start_soon(call, name, together)
+                await trio.sleep(0.01)
+            gate.set()
+        assert await calls.run(conn.work("solo"), group_item="solo") == "solo"
+    assert groups == [["a", "bad", "c"]]  # then d alone (the next one must run alone), ...
+    assert conn.started == ["d", "alone", "e", "solo"]
+    assert got == {"a": "a", "bad": "bad failed", "c": "c", "d": "d", "alone": "alone", "e": "e"}
+    assert store_threads() == []
+
+
+async def test_a_cancelled_call_queued_for_a_group_is_left_out() -> None:
+    conn = Connection()
+    groups: list[list[object]] = []
+
+    def run_together(items: Any, aborts: Any) -> list[Any]:
+        groups.append(list(items))
+        return [outcome.Value(item) for item in items]
+
+    calls = SerialCalls(interrupt=conn.interrupt, run_together=run_together)
+    gate = threading.Event()
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(calls.run, lambda abort: gate.wait(5))
+            await trio.sleep(0.05)
+            nursery.start_soon(partial(calls.run, conn.work("a"), group_item="a"))
+            await trio.sleep(0.01)
+            with trio.move_on_after(0.01):
+                await calls.run(conn.work("doomed"), group_item="doomed")
+            nursery.start_soon(partial(calls.run, conn.work("b"), group_item="b"))
+            await trio.sleep(0.01)
+            gate.set()
+    assert groups == [["a", "b"]]

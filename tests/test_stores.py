@@ -933,6 +933,83 @@ async def test_cancelled_sqlite_call_is_interrupted(case: StoreCase, tmp_path: P
         assert await seqs(s, "i1") == [1]
 
 
+@only(SQLITE)
+async def test_sqlite_writes_queued_together_succeed_and_fail_alone(case: StoreCase) -> None:
+    """Writes that queue up run in one transaction; one refused (a duplicate id, a stale
+    lease) fails alone and writes nothing; the others land as if each had run alone."""
+    with trio.fail_after(10):
+        s = case.store
+        assert isinstance(s, SQLiteStore)
+        stale = await s.create_invocation(record("taken"), ttl=30)
+        case.clock.advance(31)
+        await s.acquire_lease("taken", owner="b", ttl=30)  # the first lease is stale now
+        sizes: list[int] = []
+        together = s._calls._run_together
+        assert together is not None
+
+        def spy(items: Any, aborts: Any) -> Any:
+            sizes.append(len(items))
+            return together(items, aborts)
+
+        s._calls._run_together = spy
+        errors: dict[str, Exception] = {}
+
+        async def create(invocation_id: str) -> None:
+            try:
+                lease = await s.create_invocation(record(invocation_id), ttl=30)
+                await s.append_events(lease, [turn(invocation_id, 1)])
+            except Exception as exc:
+                errors[invocation_id] = exc
+
+        async def stale_append() -> None:
+            try:
+                await s.append_events(stale, [turn("taken", 1)])
+            except Exception as exc:
+                errors["stale"] = exc
+
+        async with trio.open_nursery() as nursery:
+            for i in range(40):
+                nursery.start_soon(create, "taken" if i == 20 else f"i{i}")
+                if i == 10:
+                    nursery.start_soon(stale_append)
+        assert max(sizes) > 1  # the test is about writes that ran together
+        assert set(errors) == {"taken", "stale"}
+        assert isinstance(errors["taken"], UsageError)
+        assert isinstance(errors["stale"], LeaseError)
+        async with case.twin() as other:
+            for i in range(40):
+                if i != 20:
+                    assert await seqs(other, f"i{i}") == [1]
+            assert await seqs(other, "taken") == []
+
+
+@only(SQLITE)
+async def test_sqlite_writes_waiting_together_for_a_lock_end_on_cancel(case: StoreCase) -> None:
+    """Writes queued together behind another process's write lock end promptly when they are
+    cancelled, and none lands later."""
+    with trio.fail_after(10):
+        s = case.store
+        assert isinstance(s, SQLiteStore)
+        leases = [await s.create_invocation(record(f"i{i}"), ttl=30) for i in range(6)]
+        other = sqlite3.connect(s.path, isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+            start = trio.current_time()
+            with trio.move_on_after(0.3) as scope:
+                async with trio.open_nursery() as nursery:
+                    for lease in leases:
+                        nursery.start_soon(s.append_events, lease, [turn(lease.invocation_id, 1)])
+            assert scope.cancelled_caught
+            assert trio.current_time() - start < 2
+            assert store_threads() == []
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        await trio.sleep(0.2)
+        for lease in leases:
+            assert await seqs(s, lease.invocation_id) == []
+
+
 # ---- the runner on every store --------------------------------------------------------------
 
 

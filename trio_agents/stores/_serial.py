@@ -18,6 +18,13 @@ Order
     Urgent calls (lease renewals) go first, then ordinary ones; first in, first out within
     each class.  A renewal waits only for the call in progress.
 
+Together
+    A call queued with a ``group_item`` may run with the calls of that kind queued right
+    behind it: the thread hands their items, in order, to ``run_together`` (the SQLite store
+    runs them in one transaction, a savepoint each), and each caller gets its own outcome.
+    Under load this is the store's group commit: one transaction, one commit, one write of
+    the pages they share, instead of one each.  A call that finds no company runs alone.
+
 Cancel
     A call still queued is taken off the queue: it never runs, and ``trio.Cancelled`` is
     raised at once.  A call running is told to stop - its ``abort`` event is set and
@@ -40,7 +47,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Final, Generic, TypeVar
 
@@ -60,10 +67,21 @@ _DROPPED: Final = 3
 
 
 class _Call(Generic[T]):
-    __slots__ = ("abort", "finished", "parts", "result", "state", "task", "token", "work")
+    __slots__ = (
+        "abort",
+        "finished",
+        "group_item",
+        "parts",
+        "result",
+        "state",
+        "task",
+        "token",
+        "work",
+    )
 
-    def __init__(self, work: Callable[[threading.Event], T]) -> None:
+    def __init__(self, work: Callable[[threading.Event], T], group_item: object) -> None:
         self.work = work
+        self.group_item = group_item
         self.task = trio.lowlevel.current_task()
         self.token = trio.lowlevel.current_trio_token()
         self.abort = threading.Event()
@@ -73,6 +91,13 @@ class _Call(Generic[T]):
         self.result: outcome.Outcome[T] | None = None
 
 
+RunTogether = Callable[
+    [Sequence[object], Sequence[threading.Event]], Sequence[outcome.Outcome[Any]]
+]
+"""``run_together(items, aborts)``: one outcome per item, in order; an item whose abort is set
+before it began is not run (its outcome is an :class:`Aborted` error)."""
+
+
 class SerialCalls:
     """Run blocking calls one at a time, in order (urgent first), in one worker thread.
 
@@ -80,13 +105,23 @@ class SerialCalls:
         interrupt: stops the blocking call in progress (``sqlite3.Connection.interrupt``);
             called from another thread, so it must be thread-safe and must not block; its
             exceptions are ignored.
+        run_together: runs the items of calls queued together (see the module docstring);
+            without it every call runs alone.
+        max_together: the most calls run together.
         resend_every: seconds between interrupts of one cancelled call.
     """
 
     def __init__(
-        self, *, interrupt: Callable[[], object], resend_every: float = RESEND_EVERY
+        self,
+        *,
+        interrupt: Callable[[], object],
+        run_together: RunTogether | None = None,
+        max_together: int = 100,
+        resend_every: float = RESEND_EVERY,
     ) -> None:
         self._interrupt = interrupt
+        self._run_together = run_together
+        self._max_together = max_together
         self._resend_every = resend_every
         self._mutex = threading.Lock()
         self._urgent: deque[_Call[Any]] = deque()
@@ -102,13 +137,21 @@ class SerialCalls:
                 sum(call.state == _QUEUED for call in self._ordinary),
             )
 
-    async def run(self, work: Callable[[threading.Event], T], *, urgent: bool = False) -> T:
+    async def run(
+        self,
+        work: Callable[[threading.Event], T],
+        *,
+        urgent: bool = False,
+        group_item: object = None,
+    ) -> T:
         """Queue ``work(abort)`` and return its result once the worker thread has run it.
 
+        With a ``group_item``, the call may instead run as that item, together with the calls
+        queued right behind it (see the module docstring); its result is then the item's.
         Raises whatever ``work`` raises; ``trio.Cancelled`` as the module docstring says.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
-        call: _Call[T] = _Call(work)
+        call: _Call[T] = _Call(work, group_item)
         with self._mutex:
             (self._urgent if urgent else self._ordinary).append(call)
             start = not self._thread_running
@@ -142,36 +185,68 @@ class SerialCalls:
 
     # ---- the worker thread ---------------------------------------------------------------
 
-    def _next(self) -> _Call[Any] | None:
-        """The next call to run (marked running), or None: the thread then stops."""
+    def _next(self) -> list[_Call[Any]] | None:
+        """The next calls to run (marked running): one alone, or several together; or None,
+        and the thread then stops."""
         with self._mutex:
             while self._urgent or self._ordinary:
-                call = (self._urgent or self._ordinary).popleft()
-                if call.state == _QUEUED:
-                    call.state = _RUNNING
+                queue = self._urgent or self._ordinary
+                call = queue.popleft()
+                if call.state != _QUEUED:
+                    continue  # dropped by a cancel
+                call.state = _RUNNING
+                if call.group_item is None or self._run_together is None:
                     self._current = call
-                    return call
+                    return [call]
+                together = [call]
+                while queue and len(together) < self._max_together:
+                    if queue[0].state != _QUEUED:
+                        queue.popleft()
+                    elif queue[0].group_item is not None:
+                        together.append(queue.popleft())
+                        together[-1].state = _RUNNING
+                    else:
+                        break
+                # Alone, a call can be interrupted; together, none is (each is short, and an
+                # interrupt would end the others' transaction too).
+                self._current = call if len(together) == 1 else None
+                return together
             self._current = None
             self._thread_running = False
             return None
 
     def _work_through(self) -> _Call[Any] | None:
         """Run queued calls until the queue is empty; return the last one, for ``_deliver``."""
-        call = self._next()
-        while call is not None:
-            if call.abort.is_set():  # cancelled between being taken and starting
-                call.result = outcome.Error(Aborted("cancelled before the call began"))
+        calls = self._next()
+        while calls is not None:
+            if len(calls) > 1:
+                assert self._run_together is not None
+                outcomes = outcome.capture(
+                    self._run_together,
+                    [call.group_item for call in calls],
+                    [call.abort for call in calls],
+                )
+                for i, call in enumerate(calls):
+                    if isinstance(outcomes, outcome.Error):  # run_together itself failed
+                        call.result = outcome.Error(outcomes.error)
+                    else:
+                        call.result = outcomes.value[i]
+            elif calls[0].abort.is_set():  # cancelled between being taken and starting
+                calls[0].result = outcome.Error(Aborted("cancelled before the call began"))
             else:
-                call.result = outcome.capture(call.work, call.abort)
+                calls[0].result = outcome.capture(calls[0].work, calls[0].abort)
             with self._mutex:
-                call.state = _DONE
+                for call in calls:
+                    call.state = _DONE
                 self._current = None
-            call.finished.set()
+            for call in calls:
+                call.finished.set()
             following = self._next()
+            for call in calls if following is not None else calls[:-1]:
+                self._finish_part(call)
             if following is None:
-                return call  # delivered once this thread has left the call
-            self._finish_part(call)
-            call = following
+                return calls[-1]  # delivered once this thread has left the call
+            calls = following
         return None
 
     def _deliver(self, last: outcome.Outcome[_Call[Any] | None]) -> None:

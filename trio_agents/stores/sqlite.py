@@ -51,8 +51,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, cast
 
+import outcome
 import trio
 
 from .._exceptions import (
@@ -144,7 +145,9 @@ class SQLiteStore(SQLBatches):
         self._opening = trio.Lock()
         self._conn: sqlite3.Connection | None = None
         self._in_use: sqlite3.Connection | None = None
-        self._calls = SerialCalls(interrupt=self._interrupt)  # one at a time; renewals first
+        self._calls = SerialCalls(
+            interrupt=self._interrupt, run_together=self._transact_together
+        )  # one at a time; renewals first
         self._closed = False
 
     def __repr__(self) -> str:
@@ -247,6 +250,60 @@ class SQLiteStore(SQLBatches):
                 if abort.is_set():
                     raise Aborted("cancelled while waiting for the database lock") from exc
 
+    def _transact_together(
+        self, items: Sequence[object], aborts: Sequence[threading.Event]
+    ) -> list[outcome.Outcome[Any]]:
+        """Several write calls in one transaction, a savepoint each (see :mod:`._serial`).
+
+        Each call's failure rolls back its savepoint only and is its own outcome.  If SQLite
+        rolled the whole transaction back (a full disk, an I/O error), the calls that had
+        succeeded in it run again in a new one - none of their results has been handed out
+        yet.  A failed commit is every call's failure.
+        """
+        pairs = cast("Sequence[tuple[sqlite3.Connection, Callable[[_sql.Tx], Any]]]", items)
+        conn = pairs[0][0]
+        results: list[outcome.Outcome[Any] | None] = [None] * len(pairs)
+        deadline = time.monotonic() + self._busy_timeout
+        while todo := [i for i, result in enumerate(results) if result is None]:
+            if conn.in_transaction:  # left over by a failed rollback; never build on it
+                conn.execute("ROLLBACK")
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                waiting = _code(exc) in (_BUSY, _LOCKED) and time.monotonic() <= deadline
+                for i in todo:
+                    if not waiting:
+                        results[i] = outcome.Error(exc)
+                    elif aborts[i].is_set():
+                        results[i] = outcome.Error(Aborted("cancelled while waiting for the lock"))
+                continue
+            ran: list[int] = []
+            for i in todo:
+                if aborts[i].is_set():
+                    results[i] = outcome.Error(Aborted("cancelled before the call began"))
+                    continue
+                conn.execute("SAVEPOINT call")
+                result = outcome.capture(pairs[i][1], _Tx(conn, self._clock))
+                results[i] = result
+                if not conn.in_transaction:  # SQLite rolled it all back: run the others again
+                    for j in ran:
+                        results[j] = None
+                    break
+                if isinstance(result, outcome.Error):
+                    conn.execute("ROLLBACK TO call")
+                else:
+                    ran.append(i)
+                conn.execute("RELEASE call")
+            else:
+                try:
+                    conn.execute("COMMIT")
+                except sqlite3.Error as exc:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    for j in ran:
+                        results[j] = outcome.Error(exc)
+        return cast("list[outcome.Outcome[Any]]", results)
+
     async def _call(
         self,
         conn: sqlite3.Connection,
@@ -254,15 +311,21 @@ class SQLiteStore(SQLBatches):
         *,
         write: bool,
         urgent: bool = False,
+        together: bool = False,
     ) -> T:
         try:
-            return await self._calls.run(partial(self._transact, conn, fn, write), urgent=urgent)
+            return await self._calls.run(
+                partial(self._transact, conn, fn, write),
+                urgent=urgent,
+                group_item=(conn, fn) if together else None,
+            )
         except sqlite3.Error as exc:
             raise self._translate(exc) from exc
 
     async def _run(self, fn: Callable[[_sql.Tx], T], *, write: bool, urgent: bool = False) -> T:
+        """One call of the store, in a transaction of its own or, a write, with others."""
         conn = await self._opened()
-        return await self._call(conn, fn, write=write, urgent=urgent)
+        return await self._call(conn, fn, write=write, urgent=urgent, together=write)
 
     def _translate(self, exc: sqlite3.Error) -> StoreError:
         where = f"the SQLite database {str(self.path)!r}"
@@ -290,7 +353,7 @@ class SQLiteStore(SQLBatches):
                 rows = tx.rows(sql, params)
             return rows
 
-        return await self._run(run, write=True)
+        return await self._call(await self._opened(), run, write=True)  # alone
 
     async def aclose(self) -> None:
         """Close the connection (after the calls already queued).  Idempotent."""
