@@ -16,6 +16,7 @@ import socket
 import sqlite3
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -933,6 +934,12 @@ async def test_cancelled_sqlite_call_is_interrupted(case: StoreCase, tmp_path: P
         assert await seqs(s, "i1") == [1]
 
 
+SLOW_COUNT = (
+    "WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n WHERE x < 300000)"
+    " SELECT count(*) FROM n"
+)
+
+
 @only(SQLITE)
 async def test_sqlite_writes_queued_together_succeed_and_fail_alone(case: StoreCase) -> None:
     """Writes that queue up run in one transaction; one refused (a duplicate id, a stale
@@ -968,6 +975,9 @@ async def test_sqlite_writes_queued_together_succeed_and_fail_alone(case: StoreC
                 errors["stale"] = exc
 
         async with trio.open_nursery() as nursery:
+            # A long call in the worker thread: the writes queue up behind it.
+            nursery.start_soon(case.raw, SLOW_COUNT)
+            await trio.sleep(0.01)
             for i in range(40):
                 nursery.start_soon(create, "taken" if i == 20 else f"i{i}")
                 if i == 10:
@@ -1008,6 +1018,79 @@ async def test_sqlite_writes_waiting_together_for_a_lock_end_on_cancel(case: Sto
         await trio.sleep(0.2)
         for lease in leases:
             assert await seqs(s, lease.invocation_id) == []
+
+
+def thread_calls(store: SQLiteStore) -> list[str]:
+    """Spy: the name of each call the store hands to its worker thread, as it is queued."""
+    seen: list[str] = []
+    run = store._calls.run
+
+    async def spy(work: Any, **kwargs: Any) -> Any:
+        if isinstance(work, partial):  # partial(self._transact, conn, fn, write, ...)
+            fn = work.args[1]
+            seen.append(getattr(fn, "func", fn).__name__)
+        return await run(work, **kwargs)
+
+    store._calls.run = spy  # type: ignore[method-assign]
+    return seen
+
+
+@only(SQLITE)
+async def test_sqlite_calls_that_cannot_wait_run_on_the_trio_thread(case: StoreCase) -> None:
+    """With the connection and the lock free, bounded calls run at once on the trio thread;
+    a whole journal is read in the worker thread; a lock held by another connection sends a
+    write to the worker thread, where it waits and then lands."""
+    with trio.fail_after(10):
+        s = case.store
+        assert isinstance(s, SQLiteStore)
+        lease = await s.create_invocation(record("i1"), ttl=30)
+        seen = thread_calls(s)
+        await s.append_events(lease, [turn("i1", 1)])
+        await s.get_invocation("i1")
+        await s.renew_leases([lease], ttl=30)
+        assert seen == []
+        assert [e.seq for e in await s.load_events("i1")] == [1]
+        assert seen == ["load_events"]
+
+        other = sqlite3.connect(s.path, isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(s.append_events, lease, [turn("i1", 2)])
+                await trio.sleep(0.2)
+                assert seen[-1] == "append_events"  # waiting in the worker thread
+                other.execute("ROLLBACK")
+        finally:
+            other.close()
+        assert await seqs(s, "i1") == [1, 2]
+        assert [row[0] for row in await case.raw("PRAGMA wal_autocheckpoint")] == [0]
+
+
+@only(SQLITE)
+async def test_sqlite_checkpoints_the_wal_in_the_worker_thread(
+    case: StoreCase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite's automatic checkpoints are off; every few writes one goes to the worker thread
+    and checkpoints the WAL into the database file first."""
+    import trio_agents.stores.sqlite as sqlite_store
+
+    monkeypatch.setattr(sqlite_store, "_CHECKPOINT_EVERY", 5)
+    with trio.fail_after(10):
+        s = case.store
+        assert isinstance(s, SQLiteStore)
+        lease = await s.create_invocation(record("i1"), ttl=30)
+        checkpoints: list[bool] = []
+        transact = s._transact
+
+        def spy(*args: Any, checkpoint: bool = False) -> Any:
+            checkpoints.append(checkpoint)
+            return transact(*args, checkpoint=checkpoint)
+
+        s._transact = spy  # type: ignore[method-assign]
+        for seq in range(1, 13):
+            await s.append_events(lease, [turn("i1", seq)])
+        assert checkpoints == [True, True]  # writes 6 and 12 (the create was the first)
+        assert await seqs(s, "i1") == list(range(1, 13))
 
 
 # ---- the runner on every store --------------------------------------------------------------

@@ -1,11 +1,13 @@
 """One connection's calls, one at a time, in one worker thread that works through its queue.
 
-Why.  The SQLite store has one connection.  Handing each call to a fresh worker thread and
-back, and then to the next caller, costs two trips through the trio loop per call; under load
-the loop is busy, the connection waits for it between calls, and the hand-offs cost more than
-the SQL (the batch benchmark measured ~1.9 ms per call against ~0.6 ms in the transaction).
-Here the connection's thread takes the next call as soon as one ends: callers queue their call
-and park, the thread runs the queue dry and wakes each caller with its result.
+Why.  The SQLite store runs a call on the trio thread when nothing can make it wait (see
+:mod:`.sqlite`); the rest - a call that found the database locked by another process, the
+calls queued behind it, unbounded reads and writes, checkpoints - come here.  Handing each
+call to a fresh worker thread and back, and then to the next caller, would cost two trips
+through the trio loop per call: under load the loop is busy and the connection would wait for
+it between calls.  Here the connection's thread takes the next call as soon as one ends:
+callers queue their call and park, the thread runs the queue dry and wakes each caller with
+its result.
 
 Who owns what
     :class:`SerialCalls` owns at most one worker thread at a time.  The thread starts
@@ -128,6 +130,11 @@ class SerialCalls:
         self._ordinary: deque[_Call[Any]] = deque()
         self._current: _Call[Any] | None = None
         self._thread_running = False
+
+    @property
+    def idle(self) -> bool:
+        """No call is queued or running."""
+        return not self._thread_running
 
     def statistics(self) -> tuple[int, int]:
         """(urgent, ordinary) calls queued, the one running left out."""

@@ -32,9 +32,13 @@ from ._batches import (
 from ._sql import chunks
 from ._sql_tx import Tx
 
-__all__ = ["SQLBatches"]
+__all__ = ["ALL_ROWS", "SQLBatches"]
 
 T = TypeVar("T")
+
+ALL_ROWS: Final = 1 << 30
+"""The ``rows`` of a call with no bound (a whole journal, every job of a batch): a hint for
+the SQLite store, which runs only calls of a bounded size on the trio thread."""
 
 _JOB_COLUMNS: Final = (
     "j.batch_id, b.agent, j.key, j.invocation_id, j.prompt, j.user_id, j.session_id,"
@@ -325,18 +329,20 @@ class SQLBatches:
 
     _run: Callable[..., Any]
 
-    async def _batch(self, fn: Callable[[Tx], T], *, write: bool = True) -> T:
-        return cast(T, await self._run(fn, write=write))
+    async def _batch(self, fn: Callable[[Tx], T], *, write: bool = True, rows: int = 1) -> T:
+        return cast(T, await self._run(fn, write=write, rows=rows))
 
     async def open_batch(
         self, batch_id: str, agent: str, *, requeue: Sequence[JobStatus] = ()
     ) -> BatchRecord:
         return await self._batch(
-            partial(open_batch, batch_id=batch_id, agent=agent, requeue=requeue)
+            partial(open_batch, batch_id=batch_id, agent=agent, requeue=requeue), rows=ALL_ROWS
         )
 
     async def add_jobs(self, batch_id: str, jobs: Sequence[Job]) -> int:
-        return await self._batch(partial(add_jobs, batch_id=batch_id, jobs=list(jobs)))
+        return await self._batch(
+            partial(add_jobs, batch_id=batch_id, jobs=list(jobs)), rows=len(jobs)
+        )
 
     async def claim_jobs(
         self,
@@ -355,23 +361,29 @@ class SQLBatches:
                 ttl=ttl,
                 batch_id=batch_id,
                 agents=list(agents),
-            )
+            ),
+            rows=limit,
         )
 
     async def finish_jobs(self, ends: Sequence[JobEnd]) -> list[bool]:
         if not ends:
             return []
-        return await self._batch(partial(finish_jobs, ends=list(ends)))
+        return await self._batch(partial(finish_jobs, ends=list(ends)), rows=len(ends))
 
     async def get_batch(self, batch_id: str) -> BatchRecord:
-        return await self._batch(partial(get_batch, batch_id=batch_id), write=False)
+        # Its counts read every job of the batch.
+        return await self._batch(partial(get_batch, batch_id=batch_id), write=False, rows=ALL_ROWS)
 
     async def cancel_batch(self, batch_id: str, *, mode: str, reason: str | None) -> BatchRecord:
-        return await self._batch(partial(cancel_batch, batch_id=batch_id, mode=mode, reason=reason))
+        return await self._batch(
+            partial(cancel_batch, batch_id=batch_id, mode=mode, reason=reason), rows=ALL_ROWS
+        )
 
     async def finished_jobs(
         self, batch_id: str, *, after: int = 0, limit: int = 1000
     ) -> list[FinishedJob]:
         return await self._batch(
-            partial(finished_jobs, batch_id=batch_id, after=after, limit=limit), write=False
+            partial(finished_jobs, batch_id=batch_id, after=after, limit=limit),
+            write=False,
+            rows=limit,
         )

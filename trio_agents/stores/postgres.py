@@ -232,9 +232,10 @@ class PostgresStore(SQLBatches):
         if conn is not None:
             conn.cancel_safe(timeout=self._connect_timeout)
 
-    async def _run(self, fn: Callable[[_sql.Tx], T], *, write: bool = True) -> T:
+    async def _run(self, fn: Callable[[_sql.Tx], T], *, write: bool = True, rows: int = 1) -> T:
         """Run ``fn`` in one transaction on a pooled connection, cancellably (every
-        transaction may write: ``write`` is there for the methods shared with SQLite)."""
+        transaction may write; ``write`` and ``rows`` are there for the methods shared with
+        SQLite)."""
         if self._pool is None:
             await self.open()
         pool = self._pool
