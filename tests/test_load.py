@@ -12,7 +12,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -24,6 +24,7 @@ from trio_agents.events import LoopTurnStarted
 from trio_agents.models import ScriptedModel
 from trio_agents.models.scripted import ScriptedTurn
 from trio_agents.stores import SQLiteStore
+from trio_agents.stores._sql_batch import ALL_ROWS
 
 T = TypeVar("T")
 
@@ -38,7 +39,13 @@ WRITE_DELAY = 0.02  # every write transaction holds the database this much longe
 
 
 class SlowSQLiteStore(SQLiteStore):
-    """Every write transaction takes ``WRITE_DELAY`` longer, holding the write lock."""
+    """Every write transaction takes ``WRITE_DELAY`` longer, holding the write lock: as on a
+    slow disk, in the store's worker thread (on the trio thread it would stall the loop)."""
+
+    async def _run(
+        self, fn: Callable[[Any], T], *, write: bool, urgent: bool = False, rows: int = 1
+    ) -> T:
+        return await super()._run(fn, write=write, urgent=urgent, rows=ALL_ROWS if write else rows)
 
     def _transact(
         self,
@@ -46,10 +53,16 @@ class SlowSQLiteStore(SQLiteStore):
         fn: Callable[[Any], T],
         write: bool,
         abort: threading.Event,
+        *,
+        checkpoint: bool = False,
     ) -> T:
         if write:
             time.sleep(WRITE_DELAY)
-        return super()._transact(conn, fn, write, abort)
+        return super()._transact(conn, fn, write, abort, checkpoint=checkpoint)
+
+    def _transact_together(self, items: Sequence[object], aborts: Sequence[threading.Event]) -> Any:
+        time.sleep(WRITE_DELAY)  # one transaction, however many writes it holds
+        return super()._transact_together(items, aborts)
 
 
 @pytest.mark.slow
