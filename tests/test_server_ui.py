@@ -20,6 +20,7 @@ from starlette.routing import Mount
 
 import trio_agents as ta
 from trio_agents.models import ScriptedModel
+from trio_agents.models.scripted import ScriptedTurn
 from trio_agents.server import create_app
 
 from ._server import ALICE, TOKENS, auth, open_client, open_server
@@ -116,6 +117,28 @@ async def serve_mounted(outer: Starlette) -> AsyncIterator[str]:
             yield urls[0]
         finally:
             stop.set()
+
+
+async def test_under_a_prefix_a_202_points_under_the_prefix() -> None:
+    """Mounted at ``/agents``, ``"wait": false`` answers with a Location under ``/agents``."""
+    slow = ta.Agent(name="helper", model=ScriptedModel([ScriptedTurn.text("hello", delay=30)]))
+    with trio.fail_after(30):
+        async with ta.Runner() as runner:
+            inner = create_app([slow], runner=runner, tokens=TOKENS)
+            outer = Starlette(routes=[Mount("/agents", app=inner)])
+            async with (
+                serve_mounted(outer) as url,
+                httpx2.AsyncClient(timeout=30, headers=auth(ALICE)) as client,
+            ):
+                inv = await runner.start(slow, "hi", user_id="alice")
+                answer = await client.post(
+                    f"{url}/agents/invocations/{inv.id}:cancel", json={"wait": False}
+                )
+                assert answer.status_code == 202
+                assert answer.headers["location"] == f"/agents/invocations/{inv.id}"
+                status = await client.get(url + answer.headers["location"])
+                assert status.json()["invocation_id"] == inv.id
+                await inv.wait()
 
 
 async def test_under_a_prefix_the_page_and_its_api_calls_work() -> None:

@@ -7,7 +7,8 @@ Cancel (``POST /invocations/{id}:cancel``, body ``{"mode", "reason", "grace", "w
     Records the cancel - at once if the invocation runs here, through the store if it runs
     in another process, and a paused one is ended right here - then follows the invocation
     until its ending is stored and answers that outcome (200).  It never answers while work
-    still runs.  ``"wait": false`` answers 202 at once with ``Location: /invocations/{id}``.
+    still runs.  ``"wait": false`` answers 202 at once with ``Location: /invocations/{id}``
+    (under the prefix the app is mounted at).
     An invocation that ended already answers 200 with its outcome (cancel is idempotent).
     ``grace`` (seconds: a safe-point mode becomes ``immediate`` after it) travels with the
     request to whichever process runs the invocation.
@@ -77,6 +78,11 @@ def client_session_id(record: InvocationRecord) -> str | None:
     prefix = f"{record.agent}/{record.user_id}/"
     sid = record.session_id
     return sid[len(prefix) :] if sid.startswith(prefix) else sid
+
+
+def status_url(request: Request, invocation_id: str) -> str:
+    """The invocation's status URL, under the prefix the app is mounted at (if any)."""
+    return f"{request.scope.get('root_path', '')}/invocations/{invocation_id}"
 
 
 async def _record(request: Request) -> tuple[ServerState, str, InvocationRecord]:
@@ -158,7 +164,7 @@ async def cancel_and_answer(
         return JSONResponse(
             {"invocation_id": record.id, "status": "cancelling", "cancel_requested": True},
             status_code=202,
-            headers={"Location": f"/invocations/{record.id}"},
+            headers={"Location": status_url(request, record.id)},
         )
     invocation_id = record.id
 
@@ -310,7 +316,7 @@ async def resume(request: Request) -> Response:
         return JSONResponse(
             {"invocation_id": record.id, "status": "running"},
             status_code=202,
-            headers={"Location": f"/invocations/{record.id}"},
+            headers={"Location": status_url(request, record.id)},
         )
     events: list[Event] = []
     ended = await watching_disconnect(
