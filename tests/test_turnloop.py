@@ -402,6 +402,36 @@ async def test_stop_keeps_pending_messages_and_a_new_opening_answers_them(
     assert "too late" not in [e.text for e in events if isinstance(e, MessageReceived)]
 
 
+async def test_a_stop_inside_the_block_ends_the_loops_events(autojump_clock: Any) -> None:
+    """``loop.events()`` read inside the block ends once a stop has ended the loop (its end
+    journaled once, its lease released), without waiting for the block to end."""
+    bot = Bot()
+    async with Runner() as runner:
+        async with runner.open_turn_loop(bot.agent(), session_id="s1") as loop:
+            seen: list[Event] = []
+
+            async def read() -> None:
+                async for event in loop.events():
+                    seen.append(event)
+
+            with trio.fail_after(600):  # the mock clock's seconds
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(read)
+                    await loop.send("slow one")
+                    await reach("mid_stream", loop)
+                    loop.stop(reason="done here")
+            # The reader has ended inside the block.
+            assert isinstance(seen[-1], InvocationEnded)
+            assert seen[-1].invocation_id == LOOP
+            assert seen[-1].reason == "stopped: done here"
+            assert (await runner.store.get_invocation(LOOP)).owner is None
+            async with runner.open_turn_loop(bot.agent(), session_id="s1") as other:
+                assert list(other.pending) == []  # another opening may take it at once
+        events = await journal(runner.store)
+    loop_ends = [e for e in events if isinstance(e, InvocationEnded) and e.invocation_id == LOOP]
+    assert [e.reason for e in loop_ends] == ["stopped: done here", "closed"]
+
+
 async def test_a_later_stop_only_strengthens_the_mode(autojump_clock: Any) -> None:
     bot = Bot()
     async with Runner() as runner:

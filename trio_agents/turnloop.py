@@ -183,7 +183,8 @@ class TurnLoop:
         self._current: Invocation | None = None
         self._starting = False
         self._stop: tuple[CancelMode, str, float | None] | None = None
-        self._closing = False
+        self._closing = False  # the block has ended (or raised): no more messages come
+        self._ended = False  # the loop's end is journaled (see _end)
         self._closed = False
         self._lost: str | None = None
         self._lot = trio.lowlevel.ParkingLot()
@@ -255,7 +256,9 @@ class TurnLoop:
         grace: float | None = None,
     ) -> None:
         """End the loop: the current turn ends per ``mode``; messages not yet answered stay
-        journaled as pending.  Sync and idempotent; later calls only strengthen the mode."""
+        journaled as pending.  Once the turn has ended, the loop's end is journaled (so its
+        :meth:`events` end there) and its lease released, even if the block goes on.  Sync
+        and idempotent; later calls only strengthen the mode."""
         check_cancel_mode(mode)
         check_grace(grace)
         if self._stop is None:
@@ -361,6 +364,11 @@ class TurnLoop:
             self._turns = None
             self._closed = True
             self._lot.unpark_all()
+        if self._stop is not None and not self._closing and self._lost is None:
+            # Stopped inside its block: the loop ends now (its lease released, its events'
+            # cursors ended), not when the block ends.
+            with trio.CancelScope(shield=True):
+                await self._end(f"stopped: {self._stop[1]}")
 
     async def _next_batch(self) -> list[MessageReceived] | None:
         while True:
@@ -581,7 +589,10 @@ class TurnLoop:
 
     async def _end(self, reason: str) -> None:
         """Journal the loop's end (status ``paused``: it may be opened again), releasing its
-        lease.  Call shielded."""
+        lease; once.  Call shielded."""
+        if self._ended:
+            return
+        self._ended = True
         pending = len(self._pending)
         if pending:
             reason = f"{reason}; {pending} message{'s' if pending > 1 else ''} pending"
@@ -636,6 +647,7 @@ async def open_turn_loop(
                 except BaseException as exc:
                     if not _only_cancelled(exc):  # a cancel from outside is a shutdown
                         reason = f"the loop's block raised {type(exc).__name__}"
+                        loop._closing = True  # the block's end ends the loop, with this reason
                         loop.stop("immediate", reason=reason)
                     raise
                 reason = "closed"
