@@ -1086,7 +1086,7 @@ async def test_sqlite_checkpoints_the_wal_in_the_worker_thread(
             checkpoints.append(checkpoint)
             return transact(*args, checkpoint=checkpoint)
 
-        s._transact = spy  # type: ignore[method-assign]
+        s._transact = spy  # type: ignore[method-assign,assignment]
         for seq in range(1, 13):
             await s.append_events(lease, [turn("i1", seq)])
         assert checkpoints == [True, True]  # writes 6 and 12 (the create was the first)
