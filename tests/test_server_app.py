@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
+from starlette.routing import Route
 
 import trio_agents as ta
 from trio_agents.models import ScriptedModel, ScriptedTurn
@@ -166,3 +168,26 @@ async def test_an_approval_inside_a_workflow_is_decided_over_http() -> None:
             outcome = await inv.wait()
             assert outcome.status == "completed"
             assert outcome.gates == {gate: "approved"}
+
+
+async def test_the_openapi_document_describes_every_http_route() -> None:
+    """Each HTTP route of the app (the dev UI's pages and the document itself aside) is in
+    ``/openapi.json`` with its methods, and the document names nothing that is not served."""
+    async with ta.Runner() as runner:
+        app = create_app([make_agent()], runner=runner, tokens={"t": "alice"}, ui=True)
+        served = {
+            (re.sub(r":\w+}", "}", route.path), method.lower())
+            for route in app.routes
+            if isinstance(route, Route) and route.methods is not None
+            for method in route.methods - {"HEAD"}
+            if route.path != "/openapi.json"
+            and route.path != "/"
+            and not route.path.startswith("/ui")
+        }
+        async with (
+            open_server([make_agent()], runner=runner) as url,
+            open_client(url, ALICE) as client,
+        ):
+            document = (await client.get("/openapi.json")).json()
+    described = {(path, method) for path, item in document["paths"].items() for method in item}
+    assert described == served

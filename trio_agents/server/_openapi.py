@@ -272,6 +272,36 @@ def document(apps: list[str]) -> dict[str, Any]:
     outcome = json_body(ref("Outcome"), "the outcome, once the invocation has stopped")
     accepted = json_body(ref("Accepted"), "accepted; follow Location (/invocations/{id})")
     paths: dict[str, Any] = {
+        "/health": {
+            "get": {
+                "summary": "Whether the server serves (ok) or is shutting down (no token needed)",
+                "security": [],
+                "responses": {
+                    "200": json_body(
+                        {
+                            "type": "object",
+                            "required": ["status"],
+                            "properties": {
+                                "status": {"type": "string", "enum": ["ok", "shutting_down"]}
+                            },
+                        },
+                        "the server's state",
+                    )
+                },
+            }
+        },
+        "/list-apps": {
+            "get": op(
+                "The apps (agents) this server serves, by name",
+                {
+                    "200": json_body(
+                        {"type": "array", "items": {"type": "string", "enum": apps}},
+                        "their names",
+                    ),
+                    **errors(),
+                },
+            )
+        },
         base: {
             "post": op(
                 "Create a session with a generated id",
@@ -404,7 +434,14 @@ def document(apps: list[str]) -> dict[str, Any]:
     }
     return {
         "openapi": "3.1.0",
-        "info": {"title": "trio_agents", "version": "1"},
+        "info": {
+            "title": "trio_agents",
+            "version": "1",
+            "description": (
+                "Every route but /health needs a bearer token.  Not described here (OpenAPI "
+                "has no WebSockets): GET /run_live, a WebSocket live session."
+            ),
+        },
         "security": [{"bearerAuth": []}],
         "components": {
             "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"}},
