@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -66,11 +67,13 @@ def postgres_schema(postgres_url: str) -> Iterator[str]:
 
 @attrs.define
 class FakeClock:
-    """The store's clock, moved by hand."""
+    """The store's clock, moved by hand; ``read_at`` is ``time.monotonic()`` at its last reading."""
 
     now: float = 1_700_000_000.0
+    read_at: float = 0.0
 
     def __call__(self) -> float:
+        self.read_at = time.monotonic()
         return self.now
 
     def advance(self, seconds: float) -> None:

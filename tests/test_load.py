@@ -5,10 +5,15 @@ through a second store object and checks that every running invocation's lease i
 second runner keeps trying to take running invocations over (it must always be refused).  Then
 all 500 are cancelled at once: every ending is stored, with no store error, in a few group
 commits (not one transaction each).
+
+Then the same 500 started all at once, at twice the rate: the last starts wait in the store's
+queue for longer than a lease, and keep it whole (a lease counts from the store's transaction,
+not from the sending of the call).
 """
 
 from __future__ import annotations
 
+import math
 import sqlite3
 import threading
 import time
@@ -19,7 +24,8 @@ from typing import Any, Literal, TypeVar
 import pytest
 import trio
 
-from trio_agents import Agent, LeaseError, Runner
+from trio_agents import Agent, Invocation, LeaseError, Runner
+from trio_agents._invocation import LEASE_MARGIN
 from trio_agents.events import LoopTurnStarted
 from trio_agents.models import ScriptedModel
 from trio_agents.models.scripted import ScriptedTurn
@@ -29,11 +35,7 @@ from trio_agents.stores._sql_batch import ALL_ROWS
 T = TypeVar("T")
 
 N = 500
-# Six times tighter than the default 30 s.  At 3 s, on a 2-core VM, a start queued behind the
-# group commits for more than about a second came back with too little of its lease left to
-# reach the first renewal (an invocation counts its lease from when it sent the call); see
-# the changelog.
-LEASE_TTL = 5.0
+LEASE_TTL = 5.0  # six times tighter than the default 30 s
 STREAM_FOR = 2.4 * LEASE_TTL
 WRITE_DELAY = 0.02  # every write transaction holds the database this much longer
 
@@ -69,8 +71,7 @@ class SlowSQLiteStore(SQLiteStore):
 async def test_500_streaming_invocations_keep_their_leases_and_end_stored(tmp_path: Path) -> None:
     """Renewal and endings are batched, so slow writes do not cost a lease or an ending."""
     path = tmp_path / "load.db"
-    # 10 chunks/s each (5,000 deltas/s in all).  At 20/s on this 2-core VM a renewal round
-    # could come back after the lease deadline and stop most of them: see the changelog.
+    # 10 chunks/s each (5,000 deltas/s in all); the test after this one runs 20/s.
     chunk_delay = 0.1
     chunks = int(STREAM_FOR / chunk_delay) * 40  # far more than the test waits for
     model = ScriptedModel(
@@ -143,6 +144,85 @@ async def test_500_streaming_invocations_keep_their_leases_and_end_stored(tmp_pa
         assert teardown_commits < N // 10, f"{teardown_commits} commits for {N} endings"
         assert all(o.checkpoint_id for o in outcomes)
         assert all(o.output.startswith("w0 w1") for o in outcomes)
+        stored = await observer.list_invocations(limit=N + 10)
+        assert {r.status for r in stored} == {"cancelled"}
+        assert len(stored) == N
+
+
+@pytest.mark.slow
+async def test_500_streams_started_at_once_keep_their_leases_past_a_long_store_queue(
+    tmp_path: Path,
+) -> None:
+    """All 500 are started at once, each streaming 20 chunks/s (10,000 deltas/s in all): the
+    starts queue behind each other and the group commits, one slow write each, so the last
+    ones wait in the store's queue far longer than a lease (about ``N * WRITE_DELAY``).  Every
+    one keeps its lease all the same and streams on for a lease period more, through renewals
+    at that saturation; no invocation stops itself (``lease expired``).  Meanwhile a monitor
+    checks, on the store's clock, that no local deadline is later than the stored expiry less
+    the margin, and every running invocation's stored lease is valid.  Cancelled, every one
+    ends stored."""
+    path = tmp_path / "burst.db"
+    chunk_delay = 0.05
+    model = ScriptedModel(
+        [ScriptedTurn(chunks=tuple(f"w{i} " for i in range(2_000)), delay=chunk_delay)],
+        repeat=True,
+    )
+    agent = Agent(name="streamer", model=model)
+    invs: list[Invocation] = []
+    problems: list[str] = []
+    margin = LEASE_TTL * LEASE_MARGIN
+
+    async with SlowSQLiteStore(path) as store, SQLiteStore(path) as observer:
+        async with Runner(
+            store=store, lease_ttl=LEASE_TTL, owner="main", cleanup_timeout=30
+        ) as runner:
+
+            async def start(i: int) -> None:
+                invs.append(await runner.start(agent, f"go {i}"))
+
+            async def monitor() -> None:
+                while True:
+                    # Local deadlines first, then the records: a renewal seen here was
+                    # committed before the records are read.
+                    offset = time.time() - trio.current_time()
+                    local = {inv.id: inv._lease_deadline + offset for inv in list(invs)}
+                    records = await observer.list_invocations(status="running", limit=N + 10)
+                    now = time.time()
+                    for r in records:
+                        if r.lease_expires_at <= now:
+                            problems.append(
+                                f"{r.id}: lease expired {now - r.lease_expires_at:.2f}s ago"
+                            )
+                        late = local.get(r.id, -math.inf) - (r.lease_expires_at - margin)
+                        if late > 0.01:
+                            problems.append(f"{r.id}: local deadline {late:.3f}s too late")
+                    await trio.sleep(0.5)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(monitor)
+                sent = trio.current_time()
+                async with trio.open_nursery() as starts:
+                    for i in range(N):
+                        starts.start_soon(start, i)
+                queued_for = trio.current_time() - sent
+                await trio.sleep(LEASE_TTL)
+                ended = [
+                    (o.status, o.reason, len(o.output.split()))
+                    for inv in invs
+                    if not inv.is_active() and (o := inv.outcome) is not None
+                ]
+                assert not ended, (
+                    f"{len(ended)} ended by themselves (status, reason, words), the starts "
+                    f"having taken {queued_for:.1f}s: {ended[:3]}"
+                )
+                nursery.cancel_scope.cancel()
+            assert queued_for > LEASE_TTL, f"the starts took only {queued_for:.1f}s"
+            assert runner.cancel_all(reason="load test") == N
+            outcomes = [await inv.wait() for inv in invs]
+
+        assert not problems, problems[:5]
+        assert {(o.status, o.reason) for o in outcomes} == {("cancelled", "load test")}
+        assert [o.store_error for o in outcomes if o.store_error] == []
         stored = await observer.list_invocations(limit=N + 10)
         assert {r.status for r in stored} == {"cancelled"}
         assert len(stored) == N

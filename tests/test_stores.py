@@ -16,6 +16,7 @@ import socket
 import sqlite3
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 from typing import Any, cast
@@ -255,6 +256,34 @@ async def test_renew_extends_the_lease(case: StoreCase) -> None:
             await s.acquire_lease("i1", owner="b", ttl=30)
         clock.advance(11)
         assert (await s.acquire_lease("i1", owner="b", ttl=30)).epoch == 2
+
+
+async def test_a_lease_tells_from_when_the_store_counted_it(case: StoreCase) -> None:
+    """Every lease a store returns carries ``counted_from``: this process's monotonic time
+    after the call was made and at or before the store read its clock for the lease (never
+    later: its holder counts the lease from it).  A renewal carries its own, not the old one's.
+    It is not part of a lease's equality."""
+    with trio.fail_after(10):
+        s, clock = case.store, case.clock
+
+        async def check(take: Callable[[], Awaitable[Lease]]) -> Lease:
+            sent = time.monotonic()
+            lease = await take()
+            assert lease.counted_from is not None
+            assert sent <= lease.counted_from <= clock.read_at
+            return lease
+
+        first = await check(lambda: s.create_invocation(record("i1"), ttl=30))
+        renewed = await check(lambda: s.renew_lease(first, ttl=30))
+        [again] = await s.renew_leases([renewed], ttl=30)
+        assert isinstance(again, Lease)
+        assert again.counted_from is not None
+        assert renewed.counted_from is not None
+        assert renewed.counted_from < again.counted_from <= clock.read_at
+        await s.append_events(again, [end("i1", 1, "paused")])
+        taken = await check(lambda: s.acquire_lease("i1", owner="b", ttl=30))
+        assert taken == attrs.evolve(taken, counted_from=None)
+        assert "counted_from" not in repr(taken)
 
 
 async def test_concurrent_takeover_has_one_winner(case: StoreCase) -> None:

@@ -22,12 +22,15 @@ The one ending
 The lease
     The lease's local deadline (when the store would let another process take it, less a
     margin) bounds the deadline of the invocation's cancel scope: an invocation whose lease could
-    not be renewed in time stops itself before anyone else may take it over.
+    not be renewed in time stops itself before anyone else may take it over.  It is counted
+    from when the store began the transaction that took or renewed the lease
+    (:func:`lease_deadline`), so a call that waited in the store's queue costs no lease.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
@@ -64,11 +67,31 @@ from .stores._base import (
     Store,
 )
 
-__all__ = ["EventStream", "Invocation", "InvocationEnv", "Outcome"]
+__all__ = ["EventStream", "Invocation", "InvocationEnv", "Outcome", "lease_deadline"]
 
 LEASE_MARGIN: Final = 1 / 6
 """The part of ``lease_ttl`` an invocation keeps in hand: it stops itself that long before
 its lease would expire."""
+
+
+def lease_deadline(lease: Lease, sent_at: float, lease_ttl: float) -> float:
+    """When the holder of ``lease``, just returned by a call sent at ``sent_at``, must stop
+    (trio time): ``lease_ttl`` less the margin, counted from when the store began the
+    transaction that took or renewed it (:attr:`~.stores.Lease.counted_from`), not from when
+    the call was sent - a call that waited in the store's queue costs no lease.
+
+    ``counted_from`` (``time.monotonic()``) becomes trio time by the distance back from now.
+    Trio's clock is read first, so that distance comes out long, never short.  The result is
+    kept at or after ``sent_at`` (the transaction cannot begin before its call was sent; and
+    a mock clock such as ``autojump_clock`` runs apart from ``time.monotonic()``, so real time
+    spent in a thread must not count back past it) and at or before now.  Without
+    ``counted_from`` the lease counts from ``sent_at``.
+    """
+    begin = sent_at
+    if lease.counted_from is not None:
+        now = trio.current_time()
+        begin = max(sent_at, min(now, now - (time.monotonic() - lease.counted_from)))
+    return begin + lease_ttl * (1 - LEASE_MARGIN)
 
 
 @attrs.frozen(kw_only=True)
@@ -345,8 +368,7 @@ class Invocation:
         """A renewal sent at ``sent_at`` (trio time) succeeded: move the stop deadline."""
         if self.recorder.lease is not None and lease.epoch == self.recorder.lease.epoch:
             self.recorder.lease = lease
-            ttl = self._env.lease_ttl
-            self._set_lease_deadline(sent_at + ttl * (1 - LEASE_MARGIN))
+            self._set_lease_deadline(lease_deadline(lease, sent_at, self._env.lease_ttl))
 
     def _lease_lost(self, reason: str) -> None:
         """Stop at once: the lease is lost.  Gates stay open (their new owner waits on them)."""
@@ -471,7 +493,8 @@ class Invocation:
                 session_id=self.session_id,
                 resumed=True,
             )
-        self._set_lease_deadline(sent_at + env.lease_ttl * (1 - LEASE_MARGIN))
+        assert rec.lease is not None
+        self._set_lease_deadline(lease_deadline(rec.lease, sent_at, env.lease_ttl))
 
     async def _body(self) -> str:
         if self._hooks is not None:

@@ -53,11 +53,18 @@ async def renew_leases(
     holder: at once when the store says another owner has it, at the lease's local deadline
     otherwise.
 
-    A slow answer is waited for as long as it can still move those deadlines: a renewal sent at
-    ``t`` sets them to ``t + lease_ttl * (1 - LEASE_MARGIN)``, so it is of use until then.
-    (Cutting it off sooner and sending it again would only put it back at the end of the
-    queue for the store, behind the same work, and cost every lease.)  Rounds are a third of
-    ``lease_ttl`` apart from one sending to the next, or back to back when one took longer.
+    A renewal moves each holder's local deadline to ``lease_ttl * (1 - LEASE_MARGIN)`` after
+    the store began its transaction (:func:`._invocation.lease_deadline`), not after the
+    round was sent: time it waited in the store's queue costs no lease.
+
+    A slow answer is waited for as long as it can still help a holder of the round: each of
+    their leases was counted from before the round was sent at ``t`` (it was taken or renewed
+    by a call that had returned by then), so each of them stops by ``t + lease_ttl * (1 -
+    LEASE_MARGIN)``.  Past that the answer could move no deadline of theirs, so the round is
+    cut off there and the next one sent at once, with the holders that came since.  (Cutting
+    it off sooner and sending it again would only put it back at the end of the store's
+    queue, behind the same work, and cost every lease.)  Rounds are a third of ``lease_ttl``
+    apart from one sending to the next, or back to back when one took longer.
     """
     period = lease_ttl / 3
     useful_for = lease_ttl * (1 - LEASE_MARGIN)

@@ -75,7 +75,7 @@ from ._exceptions import (
     StoreError,
     UsageError,
 )
-from ._invocation import LEASE_MARGIN, Invocation, InvocationEnv
+from ._invocation import Invocation, InvocationEnv, lease_deadline
 from ._loop_policy import (
     Decision,
     Policy,
@@ -508,7 +508,7 @@ class TurnLoop:
     def _lease_renewed(self, lease: Lease, sent_at: float) -> None:
         if self.recorder.lease is not None and lease.epoch == self.recorder.lease.epoch:
             self.recorder.lease = lease
-            self._scope.deadline = sent_at + self._env.lease_ttl * (1 - LEASE_MARGIN)
+            self._scope.deadline = lease_deadline(lease, sent_at, self._env.lease_ttl)
 
     def _lease_lost(self, reason: str) -> None:
         if self._lost is None:
@@ -533,7 +533,8 @@ class TurnLoop:
                         f"the turn loop of session {self.session_id!r} is open elsewhere: {exc}"
                     ) from None
                 await trio.sleep(env.poll_interval)
-        self._scope.deadline = sent_at + env.lease_ttl * (1 - LEASE_MARGIN)
+        assert self.recorder.lease is not None
+        self._scope.deadline = lease_deadline(self.recorder.lease, sent_at, env.lease_ttl)
         claimed: set[int] = set()
         unfinished: dict[str, LoopTurnStarted] = {}
         messages: list[MessageReceived] = []

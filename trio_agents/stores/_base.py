@@ -42,7 +42,10 @@ be read, or one from a newer version, raises :class:`~trio_agents.CorruptRecordE
 invocation (or session) and ``seq``; the other records stay readable and appends still work.
 
 **Clock.**  Lease expiry and timestamps use the store's clock (Unix seconds).  Every store takes
-an injectable ``clock=`` so lease expiry can be tested without sleeping.
+an injectable ``clock=`` so lease expiry can be tested without sleeping.  A lease a store returns
+also tells, in this process's ``time.monotonic()``, a moment at or before the one it counted the
+lease from (:attr:`Lease.counted_from`): a call that waited in a queue before its transaction
+began still leaves its holder the whole lease.
 
 **Cancel and errors.**  All methods are async and cancel-safe: a cancelled write either
 happened completely or not at all (a transaction), and no thread or query of the call is left
@@ -120,12 +123,21 @@ class Lease:
     """The right to write to one invocation until ``expires_at`` (store clock, Unix seconds).
 
     ``epoch`` is the fencing token: it grows by one each time the lease changes hands.
+
+    ``counted_from`` is ``time.monotonic()`` in the process the store returned the lease to,
+    taken at or before the moment the store counted ``expires_at`` from (when it read its
+    clock, in the transaction that took or renewed the lease); ``None`` when unknown.  The
+    holder counts its local deadline from it, so it must never be later than that moment (a
+    later one would let the local deadline outlive the stored lease); an earlier one only
+    costs some of the lease.  Each store says where it takes it and why that is early enough.
+    It is this process's own reading: never stored, not compared (``==`` ignores it).
     """
 
     invocation_id: str
     owner: str
     epoch: int
     expires_at: float
+    counted_from: float | None = attrs.field(default=None, eq=False, repr=False)
 
 
 @attrs.frozen(kw_only=True)

@@ -6,6 +6,7 @@ and the channel names.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 from typing import Any, Final
@@ -35,13 +36,20 @@ def _pg(query: str) -> str:
 
 
 class Tx:
-    """One transaction on ``conn`` (see :class:`._sql.Tx`)."""
+    """One transaction on ``conn`` (see :class:`._sql_tx.Tx`).
+
+    Make it before the transaction's ``BEGIN`` is sent (and after the wait for a connection):
+    ``began`` is then never later than the server's start of the transaction, nor than the
+    reading of the store's clock in it (:meth:`now`: the server's ``clock_timestamp()``, or the
+    injected clock, read lazily and only after ``BEGIN``).
+    """
 
     for_update = " FOR UPDATE"
 
     def __init__(
         self, conn: Conn, clock: Callable[[], float] | None, channels: tuple[str, str]
     ) -> None:
+        self.began = time.monotonic()
         self._conn = conn
         self._clock = clock
         self._channel, self._events_channel = channels

@@ -292,7 +292,13 @@ def acquire_lease(
         (owner, epoch, now + ttl, now, invocation_id),
     )
     tx.run("DELETE FROM cancel_requests WHERE invocation_id = ?", (invocation_id,))
-    return Lease(invocation_id=invocation_id, owner=owner, epoch=epoch, expires_at=now + ttl)
+    return Lease(
+        invocation_id=invocation_id,
+        owner=owner,
+        epoch=epoch,
+        expires_at=now + ttl,
+        counted_from=tx.began,
+    )
 
 
 def fenced(tx: Tx, lease: Lease) -> InvocationRecord:
@@ -314,6 +320,7 @@ def renew_lease(tx: Tx, lease: Lease, ttl: float) -> Lease:
         owner=lease.owner,
         epoch=lease.epoch,
         expires_at=expires_at,
+        counted_from=tx.began,
     )
 
 
@@ -336,7 +343,7 @@ def renew_leases(tx: Tx, leases: Sequence[Lease], ttl: float) -> list[Lease | Le
         if epoch != lease.epoch or owner != lease.owner:
             results.append(lease_taken(lease, owner, epoch))
         else:
-            results.append(attrs.evolve(lease, expires_at=expires_at))
+            results.append(attrs.evolve(lease, expires_at=expires_at, counted_from=tx.began))
     fresh = [r.invocation_id for r in results if isinstance(r, Lease)]
     for chunk, marks in chunks(fresh):
         tx.run(

@@ -77,7 +77,13 @@ def create_invocation(
     )
     if inserted == 0:
         raise UsageError(f"an invocation with id {record.id!r} exists already")
-    lease = Lease(invocation_id=record.id, owner=record.owner, epoch=1, expires_at=now + ttl)
+    lease = Lease(
+        invocation_id=record.id,
+        owner=record.owner,
+        epoch=1,
+        expires_at=now + ttl,
+        counted_from=tx.began,
+    )
     if events or session_entry is not None:
         _apply(tx, JournalWrite(lease=lease, events=tuple(events), session_entry=session_entry))
     if with_write is not None:

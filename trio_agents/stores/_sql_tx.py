@@ -15,6 +15,12 @@ class Tx(Protocol):
     for_update: str
     """``" FOR UPDATE"`` where the database locks rows that way (PostgreSQL), else ``""``."""
 
+    began: float
+    """``time.monotonic()`` in this process at or before the moment :meth:`now` reads the
+    store's clock, and after any wait of the call before its transaction (a queue, a pool):
+    what a lease made in this transaction is counted from (:attr:`._base.Lease.counted_from`).
+    Each adapter says why its reading is early enough."""
+
     def now(self) -> float:
         """The store's clock (Unix seconds), read once per transaction."""
         ...

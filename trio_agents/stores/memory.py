@@ -60,6 +60,9 @@ __all__ = ["MemoryStore"]
 class MemoryStore(MemoryBatches):
     """Keeps everything in dicts.  ``clock`` (Unix seconds) is injectable for lease tests.
 
+    A lease's ``counted_from`` is read just before the clock, in the same step (no await
+    between them), so it is never later than the moment the lease is counted from.
+
     :meth:`wait_for_requests` and :meth:`wait_for_events` wait on trio time, so they run under
     ``autojump_clock``.
     """
@@ -121,6 +124,7 @@ class MemoryStore(MemoryBatches):
             raise UsageError("a new invocation record needs an owner")
         if session_entry is not None and record.session_id is None:
             raise UsageError(f"invocation {record.id!r} has a session entry but no session_id")
+        counted_from = time.monotonic()
         now = self._clock()
         if record.session_id is not None and exclusive_session:
             self._busy_check(record.session_id, record.id, now)
@@ -136,7 +140,13 @@ class MemoryStore(MemoryBatches):
             last_seq=0,
             last_sub=0,
         )
-        lease = Lease(invocation_id=record.id, owner=record.owner, epoch=1, expires_at=now + ttl)
+        lease = Lease(
+            invocation_id=record.id,
+            owner=record.owner,
+            epoch=1,
+            expires_at=now + ttl,
+            counted_from=counted_from,
+        )
         write = JournalWrite(lease=lease, events=tuple(events), session_entry=session_entry)
         apply = self._check(write, stored, now)  # raises before anything changes
         apply_with = (
@@ -183,6 +193,7 @@ class MemoryStore(MemoryBatches):
     ) -> Lease:
         await trio.lowlevel.checkpoint()
         record = self._get(invocation_id)
+        counted_from = time.monotonic()
         now = self._clock()
         if record.status == "running" and record.owner != owner and record.lease_expires_at > now:
             raise lease_held(invocation_id, record.owner, record.lease_expires_at, now)
@@ -202,7 +213,13 @@ class MemoryStore(MemoryBatches):
             updated_at=now,
         )
         self._cancels.pop(invocation_id, None)
-        return Lease(invocation_id=invocation_id, owner=owner, epoch=epoch, expires_at=now + ttl)
+        return Lease(
+            invocation_id=invocation_id,
+            owner=owner,
+            epoch=epoch,
+            expires_at=now + ttl,
+            counted_from=counted_from,
+        )
 
     def _check_fence(self, lease: Lease) -> InvocationRecord:
         record = self._get(lease.invocation_id)
@@ -213,14 +230,16 @@ class MemoryStore(MemoryBatches):
     async def renew_lease(self, lease: Lease, *, ttl: float) -> Lease:
         await trio.lowlevel.checkpoint()
         record = self._check_fence(lease)
+        counted_from = time.monotonic()
         now = self._clock()
         self._records[lease.invocation_id] = attrs.evolve(record, lease_expires_at=now + ttl)
-        return attrs.evolve(lease, expires_at=now + ttl)
+        return attrs.evolve(lease, expires_at=now + ttl, counted_from=counted_from)
 
     async def renew_leases(
         self, leases: Sequence[Lease], *, ttl: float
     ) -> list[Lease | LeaseError]:
         await trio.lowlevel.checkpoint()
+        counted_from = time.monotonic()
         expires_at = self._clock() + ttl
         results: list[Lease | LeaseError] = []
         for lease in leases:
@@ -235,7 +254,9 @@ class MemoryStore(MemoryBatches):
                 self._records[lease.invocation_id] = attrs.evolve(
                     record, lease_expires_at=expires_at
                 )
-                results.append(attrs.evolve(lease, expires_at=expires_at))
+                results.append(
+                    attrs.evolve(lease, expires_at=expires_at, counted_from=counted_from)
+                )
         return results
 
     # ---- the journal ----------------------------------------------------------------------

@@ -168,13 +168,14 @@ class PostgresStore(SQLBatches):
 
     def _migrate(self, conn: Conn, abort: threading.Event) -> None:
         key = int.from_bytes(hashlib.sha256(f"trio_agents:{self.schema}".encode()).digest()[:8])
+        tx = Tx(conn, self._clock, self._channels)
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (key - (1 << 63),))
             if self.schema is not None:
                 conn.execute(
                     sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema))
                 )
-            _sql.migrate(Tx(conn, self._clock, self._channels))
+            _sql.migrate(tx)
 
     def _make_pool(self) -> psycopg_pool.ConnectionPool[Conn]:
         pool: psycopg_pool.ConnectionPool[Conn] = psycopg_pool.ConnectionPool(
@@ -248,8 +249,9 @@ class PostgresStore(SQLBatches):
                 held.append(pool.getconn())
                 if abort.is_set():
                     raise Aborted("cancelled before the query began")
+                tx = Tx(held[0], self._clock, self._channels)  # before BEGIN: see Tx
                 with held[0].transaction():
-                    return fn(Tx(held[0], self._clock, self._channels))
+                    return fn(tx)
 
             def interrupt() -> None:
                 self._cancel_query(held[0] if held else None)

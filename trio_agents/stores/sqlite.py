@@ -113,9 +113,17 @@ _BUSY, _LOCKED, _CORRUPT, _NOTADB = 5, 6, 11, 26
 
 
 class _Tx:
+    """One transaction on ``conn`` (see :class:`._sql_tx.Tx`).
+
+    Made once ``BEGIN`` succeeded, so ``began`` comes after the call's wait in the queue and
+    for the write lock; :meth:`now` reads the store's clock later still (lazily, in the same
+    transaction), so ``began`` is never later than the moment a lease is counted from.
+    """
+
     for_update = ""
 
     def __init__(self, conn: sqlite3.Connection, clock: Callable[[], float]) -> None:
+        self.began = time.monotonic()
         self._conn = conn
         self._clock = clock
         self._now: float | None = None
