@@ -22,7 +22,6 @@ Where a call runs
     bare client; on the trio thread, at 0.88x.
 
 Transactions
-Transactions
     Every call is one transaction.  Writes begin with ``BEGIN IMMEDIATE`` - the write lock is
     taken first, so two processes never deadlock upgrading read locks and the fencing check and
     the write see the same data; reads begin with ``BEGIN`` (one consistent snapshot).
@@ -256,7 +255,6 @@ class SQLiteStore(SQLBatches):
             conn.execute("PRAGMA foreign_keys = ON")
             # A taken credential's row is deleted; this zeroes its bytes in the file too.
             conn.execute("PRAGMA secure_delete = ON")
-            # From now on wait for other processes' locks in slices (see _transact).
             # Never block on another process's lock: on the trio thread a taken lock sends the
             # call to the worker thread, which waits for it in slices (see _transact).
             conn.execute("PRAGMA busy_timeout = 0")
@@ -333,7 +331,8 @@ class SQLiteStore(SQLBatches):
                         results[i] = outcome.Error(exc)
                     elif aborts[i].is_set():
                         results[i] = outcome.Error(Aborted("cancelled while waiting for the lock"))
-                time.sleep(_BUSY_SLICE)
+                if waiting:
+                    time.sleep(_BUSY_SLICE)
                 continue
             ran: list[int] = []
             for i in todo:
