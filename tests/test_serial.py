@@ -12,7 +12,7 @@ import outcome
 import pytest
 import trio
 
-from trio_agents.stores._serial import SerialCalls
+from trio_agents.stores._serial import Bounced, SerialCalls
 from trio_agents.stores._threads import INTERRUPTER_NAME, WORKER_NAME, Aborted
 
 
@@ -172,7 +172,12 @@ async def test_random_calls_and_cancels(seed: int) -> None:
     cancelled_names: set[str] = set()
 
     async def caller(
-        name: str, delay: float, seconds: float, urgent: bool, cancel_at: float | None
+        name: str,
+        delay: float,
+        seconds: float,
+        urgent: bool,
+        cancel_at: float | None,
+        may_bounce: bool,
     ) -> None:
         await trio.sleep(delay)
         with trio.CancelScope() as scope:
@@ -180,9 +185,13 @@ async def test_random_calls_and_cancels(seed: int) -> None:
                 scope.deadline = trio.current_time() + cancel_at
                 cancelled_names.add(name)
             try:
-                outcomes[name] = await calls.run(conn.work(name, seconds=seconds), urgent=urgent)
+                outcomes[name] = await calls.run(
+                    conn.work(name, seconds=seconds), urgent=urgent, may_bounce=may_bounce
+                )
             except Aborted:
                 outcomes[name] = "aborted"
+            except Bounced:
+                outcomes[name] = "bounced"
         outcomes.setdefault(name, "cancelled")
 
     names = [f"c{i}" for i in range(60)]
@@ -196,6 +205,7 @@ async def test_random_calls_and_cancels(seed: int) -> None:
                     rng.choice([0.0, 0.0, 0.001, 0.005]),
                     rng.random() < 0.1,
                     rng.uniform(0, 0.05) if rng.random() < 0.3 else None,
+                    rng.random() < 0.1,
                 )
     started = conn.started
     assert len(started) == len(set(started))  # none ran twice
@@ -203,10 +213,12 @@ async def test_random_calls_and_cancels(seed: int) -> None:
     for name in names:
         if outcomes[name] == name:
             assert name in started
-        if name not in cancelled_names:
+        if outcomes[name] == "bounced":
+            assert name not in started  # handed back without running
+        elif name not in cancelled_names:
             assert outcomes[name] == name  # not cancelled: it ran and returned
         if name not in started:
-            assert outcomes[name] == "cancelled"
+            assert outcomes[name] in ("cancelled", "bounced")
     assert set(conn.interrupted) - {None} <= cancelled_names
     assert calls.statistics() == (0, 0)
     assert store_threads() == []
@@ -280,3 +292,31 @@ async def test_a_cancelled_call_queued_for_a_group_is_left_out() -> None:
             await trio.sleep(0.01)
             gate.set()
     assert groups == [["a", "b"]]
+
+
+async def test_calls_that_may_bounce_are_handed_back_with_the_queue_behind_them() -> None:
+    """When the thread comes to a call its caller could run itself, it stops and hands that
+    call and every call queued behind it back (:class:`Bounced`), without running them."""
+    conn = Connection()
+    calls = SerialCalls(interrupt=conn.interrupt)
+    gate = threading.Event()
+    got: dict[str, str] = {}
+
+    async def call(name: str, may_bounce: bool) -> None:
+        try:
+            got[name] = await calls.run(conn.work(name), may_bounce=may_bounce)
+        except Bounced:
+            got[name] = "bounced"
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(calls.run, lambda abort: gate.wait(5))
+            await trio.sleep(0.05)
+            for name, may_bounce in [("a", False), ("b", True), ("c", False), ("d", True)]:
+                nursery.start_soon(call, name, may_bounce)
+                await trio.sleep(0.01)
+            gate.set()
+    assert got == {"a": "a", "b": "bounced", "c": "bounced", "d": "bounced"}
+    assert conn.started == ["a"]
+    assert calls.idle
+    assert store_threads() == []

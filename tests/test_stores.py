@@ -963,12 +963,6 @@ async def test_cancelled_sqlite_call_is_interrupted(case: StoreCase, tmp_path: P
         assert await seqs(s, "i1") == [1]
 
 
-SLOW_COUNT = (
-    "WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n WHERE x < 300000)"
-    " SELECT count(*) FROM n"
-)
-
-
 @only(SQLITE)
 async def test_sqlite_writes_queued_together_succeed_and_fail_alone(case: StoreCase) -> None:
     """Writes that queue up run in one transaction; one refused (a duplicate id, a stale
@@ -1003,14 +997,19 @@ async def test_sqlite_writes_queued_together_succeed_and_fail_alone(case: StoreC
             except Exception as exc:
                 errors["stale"] = exc
 
-        async with trio.open_nursery() as nursery:
-            # A long call in the worker thread: the writes queue up behind it.
-            nursery.start_soon(case.raw, SLOW_COUNT)
-            await trio.sleep(0.01)
-            for i in range(40):
-                nursery.start_soon(create, "taken" if i == 20 else f"i{i}")
-                if i == 10:
-                    nursery.start_soon(stale_append)
+        other = sqlite3.connect(s.path, isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+            async with trio.open_nursery() as nursery:
+                # The writes find the lock taken and queue up in the worker thread.
+                for i in range(40):
+                    nursery.start_soon(create, "taken" if i == 20 else f"i{i}")
+                    if i == 10:
+                        nursery.start_soon(stale_append)
+                await trio.sleep(0.2)
+                other.execute("ROLLBACK")
+        finally:
+            other.close()
         assert max(sizes) > 1  # the test is about writes that ran together
         assert set(errors) == {"taken", "stale"}
         assert isinstance(errors["taken"], UsageError)

@@ -38,6 +38,13 @@ Cancel
     all, its result is returned (what it wrote stands) and the caller's next checkpoint raises
     ``trio.Cancelled``.
 
+Handing back
+    A call queued with ``may_bounce`` is one its caller could run itself (the SQLite store
+    runs such calls on the trio thread when the connection is free).  When the thread comes
+    to such a call it stops, and hands every call still queued back to its caller
+    (:class:`Bounced`): without this, the calls that arrive while the thread works would keep
+    it working - in the slow lane - as long as they keep coming.
+
 Wake-ups
     The thread wakes each caller with ``TrioToken.run_sync_soon``.  The last call of a run of
     the queue is delivered after the thread has left the call (its name reset), so a caller that
@@ -58,7 +65,7 @@ import trio
 
 from ._threads import INTERRUPTER_NAME, RESEND_EVERY, WORKER_NAME, Aborted
 
-__all__ = ["SerialCalls"]
+__all__ = ["Bounced", "SerialCalls"]
 
 T = TypeVar("T")
 
@@ -68,9 +75,14 @@ _DONE: Final = 2
 _DROPPED: Final = 3
 
 
+class Bounced(Exception):
+    """The call was handed back to its caller without running (see the module docstring)."""
+
+
 class _Call(Generic[T]):
     __slots__ = (
         "abort",
+        "bounce",
         "finished",
         "group_item",
         "parts",
@@ -81,9 +93,12 @@ class _Call(Generic[T]):
         "work",
     )
 
-    def __init__(self, work: Callable[[threading.Event], T], group_item: object) -> None:
+    def __init__(
+        self, work: Callable[[threading.Event], T], group_item: object, bounce: bool
+    ) -> None:
         self.work = work
         self.group_item = group_item
+        self.bounce = bounce
         self.task = trio.lowlevel.current_task()
         self.token = trio.lowlevel.current_trio_token()
         self.abort = threading.Event()
@@ -150,15 +165,18 @@ class SerialCalls:
         *,
         urgent: bool = False,
         group_item: object = None,
+        may_bounce: bool = False,
     ) -> T:
         """Queue ``work(abort)`` and return its result once the worker thread has run it.
 
         With a ``group_item``, the call may instead run as that item, together with the calls
         queued right behind it (see the module docstring); its result is then the item's.
+        With ``may_bounce``, :class:`Bounced` may be raised instead (see the module
+        docstring): the call did not run, and the caller may run it itself.
         Raises whatever ``work`` raises; ``trio.Cancelled`` as the module docstring says.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
-        call: _Call[T] = _Call(work, group_item)
+        call: _Call[T] = _Call(work, group_item, may_bounce)
         with self._mutex:
             (self._urgent if urgent else self._ordinary).append(call)
             start = not self._thread_running
@@ -195,12 +213,23 @@ class SerialCalls:
     def _next(self) -> list[_Call[Any]] | None:
         """The next calls to run (marked running): one alone, or several together; or None,
         and the thread then stops."""
+        bounced: list[_Call[Any]] = []
         with self._mutex:
             while self._urgent or self._ordinary:
                 queue = self._urgent or self._ordinary
                 call = queue.popleft()
                 if call.state != _QUEUED:
                     continue  # dropped by a cancel
+                if call.bounce:  # the caller can run it: hand the whole queue back
+                    queue.appendleft(call)
+                    bounced = [c for q in (self._urgent, self._ordinary) for c in q]
+                    bounced = [c for c in bounced if c.state == _QUEUED]
+                    for c in bounced:
+                        c.state = _DONE
+                        c.result = outcome.Error(Bounced())
+                    self._urgent.clear()
+                    self._ordinary.clear()
+                    break
                 call.state = _RUNNING
                 if call.group_item is None or self._run_together is None:
                     self._current = call
@@ -220,7 +249,9 @@ class SerialCalls:
                 return together
             self._current = None
             self._thread_running = False
-            return None
+        for call in bounced:
+            self._finish_part(call)
+        return None
 
     def _work_through(self) -> _Call[Any] | None:
         """Run queued calls until the queue is empty; return the last one, for ``_deliver``."""

@@ -12,8 +12,10 @@ Where a call runs
     for or running in the worker thread), it touches a bounded number of rows (at most
     ``_INLINE_ROWS``), and the database lock is free *now* (the connection's busy timeout is 0:
     a lock held by another process answers ``SQLITE_BUSY`` at once instead of blocking).  Such a
-    call takes microseconds to a millisecond of SQL.  Everything else goes to one worker thread
-    that works through a queue, lease renewals first (:mod:`._serial`): a call that found the
+    call takes microseconds to a millisecond of SQL.  One that found the connection busy
+    queues for the thread, which hands it back when it comes to it (:mod:`._serial`), so the
+    thread does not go on with calls the trio thread can run.  Everything else goes to one
+    worker thread that works through a queue, lease renewals first: a call that found the
     lock taken (it waits there in short slices, which a cancel ends), calls queued behind it,
     unbounded reads and writes (a whole journal, ten thousand leases), migrations, and the WAL
     checkpoints.  Measured (``python -m benchmarks.batch``, 64 jobs at once): with every call
@@ -94,7 +96,7 @@ from ._base import (
     Session,
     SessionEntry,
 )
-from ._serial import SerialCalls
+from ._serial import Bounced, SerialCalls
 from ._sql_batch import ALL_ROWS, SQLBatches
 from ._threads import Aborted
 
@@ -370,12 +372,14 @@ class SQLiteStore(SQLBatches):
         urgent: bool = False,
         together: bool = False,
         checkpoint: bool = False,
+        may_bounce: bool = False,
     ) -> T:
         try:
             return await self._calls.run(
                 partial(self._transact, conn, fn, write, checkpoint=checkpoint),
                 urgent=urgent,
                 group_item=(conn, fn) if together and not checkpoint else None,
+                may_bounce=may_bounce,
             )
         except sqlite3.Error as exc:
             raise self._translate(exc) from exc
@@ -392,26 +396,37 @@ class SQLiteStore(SQLBatches):
         the worker thread (see the module docstring).  ``rows``: about how many rows it
         touches (``ALL_ROWS``: no bound)."""
         conn = await self._opened()
-        checkpoint = write and self._writes >= _CHECKPOINT_EVERY
-        if self._calls.idle and rows <= _INLINE_ROWS and not checkpoint:
-            await trio.lowlevel.checkpoint_if_cancelled()
+        while True:
+            checkpoint = write and self._writes >= _CHECKPOINT_EVERY
+            here = rows <= _INLINE_ROWS and not checkpoint  # this call may run on this thread
+            if here and self._calls.idle:
+                await trio.lowlevel.checkpoint_if_cancelled()
+                try:
+                    result = self._transact_now(conn, fn, write)
+                except _WouldWait:
+                    here = False  # another connection holds the lock: wait for it in the thread
+                except sqlite3.Error as exc:
+                    raise self._translate(exc) from exc
+                else:
+                    self._writes += write
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                    return result
+            if checkpoint:
+                self._writes = 0
             try:
-                result = self._transact_now(conn, fn, write)
-            except _WouldWait:
-                pass  # another connection holds the lock: wait for it in the thread
-            except sqlite3.Error as exc:
-                raise self._translate(exc) from exc
-            else:
-                self._writes += write
-                await trio.lowlevel.cancel_shielded_checkpoint()
-                return result
-        if checkpoint:
-            self._writes = 0
-        result = await self._call(
-            conn, fn, write=write, urgent=urgent, together=write, checkpoint=checkpoint
-        )
-        self._writes += write
-        return result
+                result = await self._call(
+                    conn,
+                    fn,
+                    write=write,
+                    urgent=urgent,
+                    together=write,
+                    checkpoint=checkpoint,
+                    may_bounce=here,
+                )
+            except Bounced:
+                continue  # the worker thread is done: run it here after all
+            self._writes += write
+            return result
 
     def _translate(self, exc: sqlite3.Error) -> StoreError:
         where = f"the SQLite database {str(self.path)!r}"
