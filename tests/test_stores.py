@@ -997,9 +997,9 @@ async def test_sqlite_writes_queued_together_succeed_and_fail_alone(case: StoreC
             except Exception as exc:
                 errors["stale"] = exc
 
-        other = sqlite3.connect(s.path, isolation_level=None)
+        locker = sqlite3.connect(s.path, isolation_level=None)
         try:
-            other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+            locker.execute("BEGIN IMMEDIATE")  # another process holds the write lock
             async with trio.open_nursery() as nursery:
                 # The writes find the lock taken and queue up in the worker thread.
                 for i in range(40):
@@ -1007,9 +1007,9 @@ async def test_sqlite_writes_queued_together_succeed_and_fail_alone(case: StoreC
                     if i == 10:
                         nursery.start_soon(stale_append)
                 await trio.sleep(0.2)
-                other.execute("ROLLBACK")
+                locker.execute("ROLLBACK")
         finally:
-            other.close()
+            locker.close()
         assert max(sizes) > 1  # the test is about writes that ran together
         assert set(errors) == {"taken", "stale"}
         assert isinstance(errors["taken"], UsageError)
