@@ -38,27 +38,27 @@ The machine's cores are shared by the fake server, the client (and the workers) 
 PostgreSQL.  One Python process runs its trio loop on one core: at high concurrency the
 client is CPU-bound, and the ratio to bare says how much more CPU a job costs it.
 
-What it showed (2-core Xeon VM, two runs).  At concurrency 1 and 16 every store keeps up
-with the model (SQLite 0.96-0.98x bare).  At 64, the target (SQLite >= 0.8x bare) is not met:
-SQLite did 159-172 jobs/s against bare's 315-391 (0.44-0.50x), memory 308-311 (0.79-0.99x),
-PostgreSQL 94-101; at 256 SQLite stays at 172-183: a ceiling, not a latency.  SQLite costs
-the client 5.1-5.6 ms CPU per job against 2.3 bare and 3.0 on the memory store.  Profiled
-(concurrency 64, quiet machine): the SQLite store's one connection is busy 88-98% of the run,
-but in transactions only 27-43% of it; the rest is handing each call to its worker thread
-and back (``stores/_threads.run_interruptible``: start_thread_soon, run_sync_soon) and to the
-next queued caller, each a wait for the busy trio loop and the GIL: ~1.9 ms per call, 2.7
-calls per job (``get_invocation`` and ``create_invocation`` once per job, serially, from
-``_batch_pump.Pump._begin``), so ~195 jobs/s at most.  A job waits ~80 ms (median) from its
-claim to its durable start (4 ms on the memory store).  CPU: the SQLite thread 1.1 ms per
-job (commit 0.37-0.40, create_invocation 0.27-0.31, get_batch 0.07, finish_jobs 0.05,
-claim_jobs 0.04, get_invocation 0.04); the trio thread 1.2 ms more than on the memory store,
-as the loop wakes 14.7 times per job instead of 2.0 (the thread hand-offs).  PostgreSQL's
-calls each make two thread round trips (the query, then ``pool.putconn``).  Worker processes
-do not scale on two cores: the fake server, the workers and PostgreSQL share them.
+What it showed (2-core Xeon VM).  Before the SQLite store ran calls on the trio thread
+(every call went to a worker thread): at 64, SQLite did 0.44-0.52x bare, a ceiling of about
+195 jobs/s - each call waited ~1.9 ms for hand-offs between the busy trio loop and the thread
+(2.7 calls per job then), and under load a call's statements each waited for the GIL, so a
+store call took 15-30 ms at the median (profiled: the SQLite thread spent most of its time
+waiting for the GIL; the transactions themselves cost 1.7 ms of CPU per job).  With one
+worker thread that works through its queue: 0.61x.  With calls on the trio thread when
+nothing can make them wait (see ``trio_agents/stores/sqlite.py``): 0.68-1.02x in single
+runs, and the median of five rounds 0.76x, with the memory store at 0.80-1.00x in the same
+runs: SQLite costs the client about 0.6-1.2 ms of CPU per job more than the memory store
+(1.6-1.8 store calls per job, each one transaction).  The machine's throughput drifts by
+tens of percent between runs (the bare script did 114-230 jobs/s at 64 within one hour),
+hence the rounds.  PostgreSQL's calls each make two thread round trips (the query, then
+``pool.putconn``).  Worker processes do not scale on two cores: the fake server, the
+workers and PostgreSQL share them.
 
 Run: ``python -m benchmarks.batch`` (``--quick`` for a smoke run; ``--pg URL``, default
-``postgresql://postgres@127.0.0.1:5432/test``; ``--no-pg``).  PostgreSQL rows are skipped,
-with the reason printed, if the server does not answer.
+``postgresql://postgres@127.0.0.1:5432/test``; ``--no-pg``; ``--no-workers``;
+``--concurrency C``, repeatable; ``--rounds N``, default 5: bare and SQLite again at 64, the
+side going first taking turns, and the target judged on the median ratio).  PostgreSQL rows
+are skipped, with the reason printed, if the server does not answer.
 """
 
 from __future__ import annotations

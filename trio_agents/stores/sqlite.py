@@ -21,7 +21,8 @@ Where a call runs
     checkpoints.  Measured (``python -m benchmarks.batch``, 64 jobs at once): with every call
     in the thread, a call waited 15-30 ms at the median - the thread must take the GIL back
     from the busy trio loop after every statement - and SQLite batches ran at 0.5-0.6x the
-    bare client; on the trio thread, at 0.88x.
+    bare client; on the trio thread, at a median of 0.76x over five rounds (the memory store
+    0.80-1.00x in the same runs).
 
 Transactions
     Every call is one transaction.  Writes begin with ``BEGIN IMMEDIATE`` - the write lock is
