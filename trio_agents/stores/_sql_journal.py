@@ -17,7 +17,14 @@ from typing import Any
 
 from .._exceptions import InvocationNotFound, StoreError, UsageError
 from ..events import Event, EventId, encode
-from ._base import CommitResult, InvocationRecord, JournalWrite, Lease, SessionEntry
+from ._base import (
+    CommitResult,
+    InvocationRecord,
+    InvocationStatus,
+    JournalWrite,
+    Lease,
+    SessionEntry,
+)
 from ._records import check_write, decode_batch, decode_event_row, encode_batch
 from ._sql import Tx, chunks, fenced
 from ._sql_sessions import append_entry, claim_session, ensure_session
@@ -35,7 +42,7 @@ __all__ = [
 _INSERT: str = (
     "INSERT INTO invocations (id, agent, input, user_id, session_id, status, created_at,"
     " updated_at, owner, lease_epoch, lease_expires_at, last_seq, last_sub)"
-    " VALUES (?, ?, ?, ?, ?, 'running', ?, ?, ?, 1, ?, 0, 0) ON CONFLICT (id) DO NOTHING"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?) ON CONFLICT (id) DO NOTHING"
 )
 
 
@@ -61,6 +68,31 @@ def create_invocation(
             invocation_id=record.id,
             exclusive=exclusive_session,
         )
+    lease = Lease(
+        invocation_id=record.id,
+        owner=record.owner,
+        epoch=1,
+        expires_at=now + ttl,
+        counted_from=tx.began,
+    )
+    # The new row is checked and written with its first events in one INSERT: there is
+    # nothing to fence (the row is new) and no head to move afterwards.
+    write = fresh = None
+    head: EventId = (0, 0)
+    status: InvocationStatus = "running"
+    owner: str | None = record.owner
+    if events or session_entry is not None:
+        write = JournalWrite(lease=lease, events=tuple(events), session_entry=session_entry)
+        fresh = InvocationRecord(
+            id=record.id,
+            agent=record.agent,
+            input=record.input,
+            user_id=record.user_id,
+            session_id=record.session_id,
+            owner=record.owner,
+            lease_epoch=1,
+        )
+        head, status, owner = check_write(fresh, write)
     inserted = tx.run(
         _INSERT,
         (
@@ -69,23 +101,19 @@ def create_invocation(
             record.input,
             record.user_id,
             record.session_id,
+            status,
             now,
             now,
-            record.owner,
+            owner,
             now + ttl,
+            head[0],
+            head[1],
         ),
     )
     if inserted == 0:
         raise UsageError(f"an invocation with id {record.id!r} exists already")
-    lease = Lease(
-        invocation_id=record.id,
-        owner=record.owner,
-        epoch=1,
-        expires_at=now + ttl,
-        counted_from=tx.began,
-    )
-    if events or session_entry is not None:
-        _apply(tx, JournalWrite(lease=lease, events=tuple(events), session_entry=session_entry))
+    if write is not None and fresh is not None:
+        _store(tx, write, fresh)
     if with_write is not None:
         _apply(tx, with_write)  # raises: the whole transaction rolls back
     return lease
@@ -100,6 +128,21 @@ def _apply(tx: Tx, write: JournalWrite) -> None:
             f"invocation {invocation_id!r} has no session_id; its session entry has nowhere "
             "to go and nothing was written"
         )
+    _store(tx, write, record)
+    tx.run(
+        "UPDATE invocations SET last_seq = ?, last_sub = ?, status = ?, owner = ?,"
+        " updated_at = ? WHERE id = ?",
+        (last_seq, last_sub, status, owner, tx.now(), invocation_id),
+    )
+    if status != "running":
+        tx.run("DELETE FROM cancel_requests WHERE invocation_id = ?", (invocation_id,))
+    if status not in ("running", "paused"):  # no gate can take a credential up any more
+        tx.run("DELETE FROM gate_secrets WHERE invocation_id = ?", (invocation_id,))
+
+
+def _store(tx: Tx, write: JournalWrite, record: InvocationRecord) -> None:
+    """Insert ``write``'s deltas, events and session entry (checked against ``record``)."""
+    invocation_id = write.lease.invocation_id
     if write.deltas:
         first, last = write.deltas[0], write.deltas[-1]
         tx.run(
@@ -112,15 +155,6 @@ def _apply(tx: Tx, write: JournalWrite) -> None:
             "INSERT INTO events (invocation_id, seq, kind, data) VALUES (?, ?, ?, ?)",
             [(invocation_id, e.seq, e.kind, encode(e)) for e in write.events],
         )
-    tx.run(
-        "UPDATE invocations SET last_seq = ?, last_sub = ?, status = ?, owner = ?,"
-        " updated_at = ? WHERE id = ?",
-        (last_seq, last_sub, status, owner, tx.now(), invocation_id),
-    )
-    if status != "running":
-        tx.run("DELETE FROM cancel_requests WHERE invocation_id = ?", (invocation_id,))
-    if status not in ("running", "paused"):  # no gate can take a credential up any more
-        tx.run("DELETE FROM gate_secrets WHERE invocation_id = ?", (invocation_id,))
     if write.session_entry is not None and record.session_id is not None:
         ensure_session(tx, record.session_id, record.user_id)
         append_entry(tx, record.session_id, write.session_entry, invocation_id=invocation_id)
