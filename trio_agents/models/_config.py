@@ -285,8 +285,9 @@ class SSEDecoder:
     ) -> None:
         self._provider = provider
         self._limit = sys.maxsize if max_event_bytes is None else max_event_bytes
-        # utf-8-sig drops the BOM, even split across chunks.
-        self._utf8 = codecs.getincrementaldecoder("utf-8-sig")()
+        # utf-8-sig drops the BOM, even split across chunks.  Once that is settled and no bytes
+        # are held, it is let go (see ``_decode``): a parked stream does not keep one.
+        self._utf8: codecs.IncrementalDecoder | None = codecs.getincrementaldecoder("utf-8-sig")()
         # True once the BOM question is settled and the incremental decoder holds no bytes: then
         # a chunk can be decoded with a plain ``bytes.decode`` (much cheaper).
         self._plain = False
@@ -339,13 +340,18 @@ class SSEDecoder:
         return events
 
     def _decode(self, data: bytes, *, final: bool) -> str:
+        utf8 = self._utf8
+        if utf8 is None:  # the BOM is settled: a U+FEFF from now on is text
+            utf8 = self._utf8 = codecs.getincrementaldecoder("utf-8")()
         try:
-            text = self._utf8.decode(data, final)
+            text = utf8.decode(data, final)
         except UnicodeDecodeError as exc:
             raise MalformedStreamError(
                 f"the event stream is not UTF-8: {exc}", provider=self._provider
             ) from exc
-        self._plain = self._utf8.getstate() == (b"", 0)
+        self._plain = utf8.getstate() == (b"", 0)
+        if self._plain:
+            self._utf8 = None
         return text
 
     def _split(self, text: str) -> list[ServerSentEvent]:

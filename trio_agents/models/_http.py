@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from functools import partial
@@ -169,6 +168,21 @@ class SSEStream:
     :class:`StreamErrorEvent`.
     """
 
+    __slots__ = (
+        "_closed",
+        "_decoder",
+        "_error",
+        "_http_response",
+        "_parser",
+        "_pending",
+        "_provider",
+        "_reader",
+        "_result",
+        "_timeouts",
+        "_url",
+        "request_id",
+    )
+
     def __init__(
         self,
         response: httpx2.Response,
@@ -186,7 +200,7 @@ class SSEStream:
         self._url = url
         self._timeouts = timeouts
         self.request_id = request_id_of(response.headers)
-        self._pending: deque[StreamChunk] = deque()
+        self._pending: list[StreamChunk] = []  # parsed, not yet delivered: a few at most
         self._error: ModelError | None = None
         self._result: ModelResponse | None = None
         self._closed = False
@@ -204,7 +218,7 @@ class SSEStream:
                 raise StopAsyncIteration
             await self._pull()
         await trio.lowlevel.checkpoint()
-        return self._pending.popleft()
+        return self._pending.pop(0)
 
     @property
     def response(self) -> ModelResponse:
