@@ -9,8 +9,8 @@ turn) lives in its own :class:`~._recorder.PathText`, so parallel branches never
 
 from __future__ import annotations
 
-from collections.abc import Coroutine, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Coroutine, Mapping, Sequence
+from types import TracebackType
 from typing import Any, Protocol
 
 import trio
@@ -123,16 +123,9 @@ class InvocationContext:
     def may_start_tool(self) -> bool:
         return not self._inv._tools_stopped()
 
-    @contextmanager
-    def stream_scope(self) -> Iterator[trio.CancelScope]:
-        inv = self._inv
+    def stream_scope(self) -> _StreamScope:
         self._text.partial = []
-        with trio.CancelScope() as scope:
-            inv._track_stream(scope, add=True)
-            try:
-                yield scope
-            finally:
-                inv._track_stream(scope, add=False)
+        return _StreamScope(self._inv)
 
     def emit_text(self, turn: int, text: str) -> None:
         self._text.partial.append(text)
@@ -231,3 +224,29 @@ class InvocationContext:
             known[approvals.id_of(event)] = approvals.info_of(event)
         elif isinstance(event, approvals.ENDS) and (info := known.get(approvals.id_of(event))):
             info.state = event.state
+
+
+class _StreamScope:
+    """A model stream's cancel scope, known to its invocation while the stream is open (a
+    cancel ``after_tools`` cancels it).  A class, not a generator: an open stream holds no
+    generator frame for it."""
+
+    __slots__ = ("_host", "_scope")
+
+    def __init__(self, host: ContextHost) -> None:
+        self._host = host
+        self._scope = trio.CancelScope()
+
+    def __enter__(self) -> trio.CancelScope:
+        scope = self._scope.__enter__()
+        self._host._track_stream(scope, add=True)
+        return scope
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool:
+        self._host._track_stream(self._scope, add=False)  # a list's remove: cannot fail
+        return self._scope.__exit__(exc_type, exc_value, traceback)

@@ -146,6 +146,18 @@ class ResponseBuilder:
     id and name once, then argument fragments), text, reasoning blocks and usage.
     """
 
+    __slots__ = (
+        "_calls",
+        "_reasoning",
+        "_reasoning_text",
+        "_text",
+        "finish_reason",
+        "model",
+        "provider",
+        "request_id",
+        "usage",
+    )
+
     def __init__(self, *, provider: str, model: str | None = None) -> None:
         self.provider = provider
         self.model = model

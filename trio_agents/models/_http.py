@@ -61,7 +61,7 @@ from ._config import Timeouts as Timeouts
 from ._config import parse_retry_after as parse_retry_after
 from ._config import provider_error_details as provider_error_details
 from ._config import status_error as status_error
-from ._limiter import open_attempts
+from ._limiter import send_attempts
 from ._provider import HTTPProvider as HTTPProvider
 
 __all__ = [
@@ -216,7 +216,28 @@ class SSEStream:
                 raise self._error
             if self._result is not None:
                 raise StopAsyncIteration
-            await self._pull()
+            # The read is here, not in a method of its own: one coroutine frame less for a
+            # stream parked mid-answer.
+            if self._parser.done:
+                await self._drain()
+                self._finish()
+                continue
+            try:
+                data = await self._reader.__anext__()
+            except StopAsyncIteration:
+                self._feed(None)
+                self._finish()
+                continue
+            except httpx2.HTTPError as exc:
+                raise transport_error(
+                    exc,
+                    provider=self._provider,
+                    url=self._url,
+                    began=True,
+                    timeouts=self._timeouts,
+                    request_id=self.request_id,
+                ) from exc
+            self._feed(data)
         await trio.lowlevel.checkpoint()
         return self._pending.pop(0)
 
@@ -238,31 +259,11 @@ class SSEStream:
         self._closed = True
         await _close_response(self._http_response, self._reader)
 
-    async def _pull(self) -> None:
-        if self._parser.done:
-            await self._drain()
-            self._finish()
-            return
+    def _feed(self, data: bytes | None) -> None:
+        """Decode ``data`` (``None``: the body ended) and parse the events it completed."""
+        decoder = self._decoder
         try:
-            data = await self._reader.__anext__()
-        except StopAsyncIteration:
-            self._feed(self._decoder.flush)
-            self._finish()
-            return
-        except httpx2.HTTPError as exc:
-            raise transport_error(
-                exc,
-                provider=self._provider,
-                url=self._url,
-                began=True,
-                timeouts=self._timeouts,
-                request_id=self.request_id,
-            ) from exc
-        self._feed(lambda: self._decoder.feed(data))
-
-    def _feed(self, decode: Callable[[], list[ServerSentEvent]]) -> None:
-        try:
-            for event in decode():
+            for event in decoder.feed(data) if data is not None else decoder.flush():
                 if self._parser.done:
                     break
                 self._pending.extend(self._parser.feed(event))
@@ -378,7 +379,7 @@ class HTTPSession:
         Error statuses and connection failures raise :class:`~trio_agents.ModelError`
         subclasses, after the retries the :class:`RetryPolicy` allows.  Each attempt holds a
         slot of the provider's limiter (:meth:`HTTPProvider.current_limiter`) from before it
-        is sent until its response is closed (see :func:`~._limiter.open_attempts`).  The whole
+        is sent until its response is closed (see :func:`~._limiter.send_attempts`).  The whole
         block runs under ``timeout.turn`` (waiting for a slot or the endpoint's pause
         included); when it fires, :class:`ModelTimeoutError` is raised.  Leaving the block
         (normally, on an error, or on cancel) closes the response and its connection, then
@@ -386,8 +387,17 @@ class HTTPSession:
         """
         url = self.config.url(path)
         turn = self.config.timeout.turn
+        # One generator for the whole turn (no nested context managers): a parked stream
+        # holds one frame here, not three.
         with trio.move_on_after(math.inf if turn is None else turn) as turn_scope:
-            async with self._open_response(url, body, headers) as response:
+            response, slot = await send_attempts(
+                partial(self._send_once, url, body, headers),
+                policy=self.config.retry,
+                limiter=self.config.current_limiter(),
+                url=url,
+            )
+            stream: SSEStream | None = None
+            try:
                 stream = SSEStream(
                     response,
                     new_parser(request_id_of(response.headers)),
@@ -395,33 +405,23 @@ class HTTPSession:
                     url=url,
                     timeouts=self.config.timeout,
                 )
+                yield stream
+            finally:
                 try:
-                    yield stream
-                finally:
+                    # Shielded, so that a cancel still closes the connection and the server
+                    # sees the disconnect at once; the slot is given back after.
                     with trio.move_on_after(_CLOSE_SECONDS, shield=True):
-                        await stream.aclose()
+                        if stream is not None:
+                            await stream.aclose()
+                        else:
+                            await response.aclose()
+                finally:
+                    if slot is not None:
+                        slot.release()
         if turn_scope.cancelled_caught:
             raise ModelTimeoutError(
                 f"the turn did not finish within {turn}s ({url})", provider=self.provider
             )
-
-    @asynccontextmanager
-    async def _open_response(
-        self, url: str, body: Mapping[str, Any], headers: Mapping[str, str]
-    ) -> AsyncIterator[httpx2.Response]:
-        async with open_attempts(
-            partial(self._send_once, url, body, headers),
-            policy=self.config.retry,
-            limiter=self.config.current_limiter(),
-            url=url,
-        ) as response:
-            try:
-                yield response
-            finally:
-                # Shielded, so that a cancel still closes the connection and the server sees
-                # the disconnect at once; the slot is given back after.
-                with trio.move_on_after(_CLOSE_SECONDS, shield=True):
-                    await response.aclose()
 
     async def _send_once(
         self, url: str, body: Mapping[str, Any], headers: Mapping[str, str]

@@ -11,7 +11,7 @@ server, not only for the one that got it.  :class:`EndpointLimiter` turns it int
 
 :func:`endpoint_limiter` keeps one limiter per endpoint (scheme, host, port and base path of the
 base URL) per ``trio.run``, in a :class:`trio.lowlevel.RunVar`: trio objects never cross runs.
-:func:`open_attempts` is how :class:`~._http.HTTPSession` sends: every attempt holds a slot from
+:func:`send_attempts` is how :class:`~._http.HTTPSession` sends: every attempt holds a slot from
 before its request is sent until its response is closed, and rate-limited retries wait for the
 endpoint's pause under their own budget (``RetryPolicy.max_rate_limited_retries``).
 
@@ -20,13 +20,11 @@ Nothing here imports ``httpx2``; the attempt itself is a callable the HTTP layer
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import urllib.parse
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Final, Self, TypeVar
 
@@ -43,7 +41,7 @@ __all__ = [
     "RequestSlot",
     "endpoint_key",
     "endpoint_limiter",
-    "open_attempts",
+    "send_attempts",
 ]
 
 logger = logging.getLogger("trio_agents.models")
@@ -276,11 +274,21 @@ class RequestSlot:
             raise UsageError("this request slot was never held")
         return self._epoch
 
-    async def __aenter__(self) -> Self:
+    async def acquire(self) -> None:
+        """Wait for the slot (what ``async with slot:`` does on entry)."""
         if self._epoch is not None:
             raise UsageError("a request slot can be held only once")
         self._epoch = await self._limiter._acquire()
         self._held = True
+
+    def release(self) -> None:
+        """Give the slot back, if it is held (what leaving ``async with slot:`` does)."""
+        if self._held:
+            self._held = False
+            self._limiter._release()
+
+    async def __aenter__(self) -> Self:
+        await self.acquire()
         return self
 
     async def __aexit__(
@@ -289,9 +297,7 @@ class RequestSlot:
         exc_value: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        if self._held:
-            self._held = False
-            self._limiter._release()
+        self.release()
 
 
 # --- one limiter per endpoint per run -----------------------------------------------------------
@@ -340,55 +346,61 @@ def endpoint_limiter(base_url: str) -> EndpointLimiter:
 # --- sending through the limiter ----------------------------------------------------------------
 
 
-def _hold(limiter: EndpointLimiter | None) -> AbstractAsyncContextManager[RequestSlot | None]:
-    if limiter is None:
-        return contextlib.nullcontext()
-    return limiter.slot()
-
-
-@asynccontextmanager
-async def open_attempts(
+async def send_attempts(
     send: Callable[[], Awaitable[_Result]],
     *,
     policy: RetryPolicy,
     limiter: EndpointLimiter | None,
     url: str,
-) -> AsyncIterator[_Result]:
-    """Call ``send()`` until an attempt succeeds, and yield its result while holding its slot.
+) -> tuple[_Result, RequestSlot | None]:
+    """Call ``send()`` until an attempt succeeds; return its result and the slot it holds.
 
     ``send`` makes one attempt: it returns the open response, or raises a
     :class:`~trio_agents.ModelError`, having closed whatever it opened.  Each attempt holds a
-    slot of ``limiter`` (``None``: no limiter) from before ``send`` is called until the block
-    ends (normally, on an error or on cancel); the caller closes its response inside the block.
+    slot of ``limiter`` (``None``: no limiter, and no slot) from before ``send`` is called.  A
+    failed attempt's slot is given back here; the successful one's is returned held, and the
+    caller gives it back (:meth:`RequestSlot.release`) once it has closed the response,
+    whatever ends its use (normally, on an error or on cancel).
 
     A retryable 429 or 529 is reported to the limiter while its slot is still held, then the
     slot is given back and the retry waits for the endpoint's pause and a free slot.  A 429
     counts against ``policy.max_rate_limited_retries``; every other retryable error (529
     included) against ``policy.max_retries``, and sleeps its own backoff as before.  When the
-    budget is spent, the last error is raised.  Nothing here catches ``trio.Cancelled``: a
-    cancel while waiting for a slot, a pause or a backoff ends the wait at once.
+    budget is spent, the last error is raised.  Nothing here catches ``trio.Cancelled`` but to
+    give the slot back and re-raise it: a cancel while waiting for a slot, a pause or a
+    backoff ends the wait at once.
     """
     retries = 0
     rate_limited_retries = 0
     while True:
-        async with _hold(limiter) as slot:
+        slot = None
+        if limiter is not None:
+            slot = limiter.slot()
+            await slot.acquire()
+        try:
+            result = await send()
+        except ModelError as exc:
+            error = exc
+            own_budget = exc.status_code in RATE_LIMIT_STATUSES
+            retry = rate_limited_retries if own_budget else retries
+            pause: float | None = None
             try:
-                result = await send()
-            except ModelError as exc:
-                error = exc
-                own_budget = exc.status_code in RATE_LIMIT_STATUSES
-                retry = rate_limited_retries if own_budget else retries
-                pause: float | None = None
                 limited = exc.retryable and exc.status_code in RATE_LIMIT_STATUSES
                 if limited and limiter is not None and slot is not None:
                     # Told even when this request will not retry: the others should wait.
                     pause = policy.backoff(retry, exc.retry_after)
                     limiter.rate_limited(pause, slot=slot)
-            else:
-                if limiter is not None:
-                    limiter.succeeded()
-                yield result
-                return
+            finally:
+                if slot is not None:
+                    slot.release()
+        except BaseException:  # a cancel, or a bug in ``send``: give the slot back, re-raise
+            if slot is not None:
+                slot.release()
+            raise
+        else:
+            if limiter is not None:
+                limiter.succeeded()
+            return result, slot
         budget = policy.max_rate_limited_retries if own_budget else policy.max_retries
         if not error.retryable or retry >= budget:
             raise error

@@ -219,6 +219,8 @@ class AnthropicParser:
     ``message_stop`` and without a stop reason raises :class:`StreamBrokenError`.
     """
 
+    __slots__ = ("_blocks", "_builder", "_provider", "_request_id", "_tokens", "done", "message_id")
+
     def __init__(
         self,
         *,

@@ -175,6 +175,8 @@ class OpenAIChatParser:
     finish reason raises :class:`StreamBrokenError`.
     """
 
+    __slots__ = ("_builder", "_provider", "_request_id", "done")
+
     def __init__(
         self, *, model: str | None = None, request_id: str | None = None, provider: str = "openai"
     ) -> None:

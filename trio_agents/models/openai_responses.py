@@ -146,6 +146,16 @@ class OpenAIResponsesParser:
     :class:`StreamErrorEvent`).  Other events are skipped.
     """
 
+    __slots__ = (
+        "_builder",
+        "_item_index",
+        "_provider",
+        "_request_id",
+        "_streamed",
+        "done",
+        "response_id",
+    )
+
     def __init__(
         self, *, model: str | None = None, request_id: str | None = None, provider: str = "openai"
     ) -> None:
