@@ -550,6 +550,72 @@ async def test_iterating_after_the_block_is_a_usage_error() -> None:
                 await s.__anext__()
 
 
+async def test_a_stream_block_is_entered_once() -> None:
+    """A stream block is one turn: entering it a second time is a mistake, said plainly."""
+    with trio.fail_after(10):
+        async with open_fake_server() as server, open_session(server.base_url) as session:
+            server.enqueue(lines("a"))
+            block = session.stream_sse("x", body={}, headers={}, new_parser=LineParser)
+            async with block as s:
+                assert [c async for c in s] == [TextChunk("a")]
+            with pytest.raises(ta.UsageError, match="entered only once"):
+                await block.__aenter__()
+    assert len(server.requests) == 1
+
+
+async def test_a_parser_that_cannot_start_closes_the_response_and_gives_the_slot_back(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """An error making the provider's parser (after the 2xx came) reaches the caller; the
+    connection is closed at once and the limiter's slot is free again."""
+
+    def broken(request_id: str | None) -> LineParser:
+        raise RuntimeError("no parser today")
+
+    with trio.fail_after(100):
+        async with open_fake_server() as server, open_session(server.base_url) as session:
+            limiter = session.config.current_limiter()
+            assert limiter is not None
+            server.enqueue(lines("a", "b", delay=50.0))
+            with pytest.raises(RuntimeError, match="no parser today"):
+                async with session.stream_sse("x", body={}, headers={}, new_parser=broken):
+                    raise AssertionError("the block must not run")
+            failed_at = trio.current_time()
+            [record] = await server.wait_disconnect(1)
+            assert limiter.statistics().in_flight == 0
+    assert record.disconnected_at == pytest.approx(failed_at, abs=0.01)
+
+
+async def read_one_then_sleep(session: HTTPSession) -> None:
+    async with session.stream_sse("x", body={}, headers={}, new_parser=LineParser) as s:
+        assert await s.__anext__() == TextChunk("a")
+        await trio.sleep(60)
+
+
+async def test_the_turn_deadline_while_the_block_waits_elsewhere_is_a_timeout(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """``turn`` bounds the block, not only its reads: a consumer busy with something else when
+    it passes gets :class:`ModelTimeoutError` from the block, the server sees the disconnect
+    then, and the slot is given back."""
+    with trio.fail_after(100):
+        async with (
+            open_fake_server() as server,
+            open_session(server.base_url, timeouts=Timeouts(turn=5)) as session,
+        ):
+            limiter = session.config.current_limiter()
+            assert limiter is not None
+            server.enqueue(lines("a", "b", delay=50.0))
+            start = trio.current_time()
+            with pytest.raises(ta.ModelTimeoutError, match="within 5"):
+                await read_one_then_sleep(session)
+            assert trio.current_time() - start == pytest.approx(5, abs=0.01)
+            [record] = await server.wait_disconnect(1)
+            assert limiter.statistics().in_flight == 0
+    assert record.disconnected_at is not None
+    assert record.disconnected_at - start == pytest.approx(5, abs=0.01)
+
+
 async def test_an_error_event_comes_after_the_chunks_before_it() -> None:
     """Chunks parsed from the same read as an error event are delivered, then the error."""
     data = b"data: a\n\ndata: b\n\nevent: error\ndata: quota\n\n"

@@ -32,7 +32,7 @@ import contextlib
 import json
 import math
 from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from functools import partial
 from types import TracebackType
 from typing import Any, Final, Self, TypeAlias
@@ -61,7 +61,7 @@ from ._config import Timeouts as Timeouts
 from ._config import parse_retry_after as parse_retry_after
 from ._config import provider_error_details as provider_error_details
 from ._config import status_error as status_error
-from ._limiter import send_attempts
+from ._limiter import RequestSlot, send_attempts
 from ._provider import HTTPProvider as HTTPProvider
 
 __all__ = [
@@ -364,16 +364,15 @@ class HTTPSession:
             with trio.move_on_after(_CLOSE_SECONDS, shield=True):
                 await client.aclose()
 
-    @asynccontextmanager
-    async def stream_sse(
+    def stream_sse(
         self,
         path: str,
         *,
         body: Mapping[str, Any],
         headers: Mapping[str, str],
         new_parser: Callable[[str | None], StreamParser],
-    ) -> AsyncIterator[SSEStream]:
-        """POST ``body`` to ``path`` and yield the turn's :class:`SSEStream`.
+    ) -> AbstractAsyncContextManager[SSEStream]:
+        """POST ``body`` to ``path``; ``async with`` gives the turn's :class:`SSEStream`.
 
         ``new_parser(request_id)`` makes the provider's parser once a 2xx response arrived.
         Error statuses and connection failures raise :class:`~trio_agents.ModelError`
@@ -385,43 +384,7 @@ class HTTPSession:
         (normally, on an error, or on cancel) closes the response and its connection, then
         gives the slot back.
         """
-        url = self.config.url(path)
-        turn = self.config.timeout.turn
-        # One generator for the whole turn (no nested context managers): a parked stream
-        # holds one frame here, not three.
-        with trio.move_on_after(math.inf if turn is None else turn) as turn_scope:
-            response, slot = await send_attempts(
-                partial(self._send_once, url, body, headers),
-                policy=self.config.retry,
-                limiter=self.config.current_limiter(),
-                url=url,
-            )
-            stream: SSEStream | None = None
-            try:
-                stream = SSEStream(
-                    response,
-                    new_parser(request_id_of(response.headers)),
-                    provider=self.provider,
-                    url=url,
-                    timeouts=self.config.timeout,
-                )
-                yield stream
-            finally:
-                try:
-                    # Shielded, so that a cancel still closes the connection and the server
-                    # sees the disconnect at once; the slot is given back after.
-                    with trio.move_on_after(_CLOSE_SECONDS, shield=True):
-                        if stream is not None:
-                            await stream.aclose()
-                        else:
-                            await response.aclose()
-                finally:
-                    if slot is not None:
-                        slot.release()
-        if turn_scope.cancelled_caught:
-            raise ModelTimeoutError(
-                f"the turn did not finish within {turn}s ({url})", provider=self.provider
-            )
+        return _StreamedTurn(self, self.config.url(path), body, headers, new_parser)
 
     async def _send_once(
         self, url: str, body: Mapping[str, Any], headers: Mapping[str, str]
@@ -467,6 +430,115 @@ class HTTPSession:
             f"{text[:200]!r}",
             body=text[:BODY_KEPT],
             **kw,
+        )
+
+
+class _StreamedTurn:
+    """The ``async with`` of :meth:`HTTPSession.stream_sse`.
+
+    Entering runs the attempts under the turn's deadline (a cancel scope entered here and
+    exited in ``__aexit__``: the block runs inside it); leaving closes the stream's response
+    under a shield, gives the limiter slot back, then exits the scope, turning its deadline
+    into :class:`ModelTimeoutError`.  A class, not a generator: an open stream holds no
+    generator frame, no generator context manager and no entry in trio's generator registry.
+    """
+
+    __slots__ = (
+        "_body",
+        "_headers",
+        "_new_parser",
+        "_scope",
+        "_session",
+        "_slot",
+        "_stream",
+        "_url",
+    )
+
+    def __init__(
+        self,
+        session: HTTPSession,
+        url: str,
+        body: Mapping[str, Any],
+        headers: Mapping[str, str],
+        new_parser: Callable[[str | None], StreamParser],
+    ) -> None:
+        self._session = session
+        self._url = url
+        self._body = body
+        self._headers = headers
+        self._new_parser = new_parser
+        self._scope: trio.CancelScope | None = None
+        self._slot: RequestSlot | None = None
+        self._stream: SSEStream | None = None
+
+    async def __aenter__(self) -> SSEStream:
+        if self._scope is not None:
+            raise UsageError("a model stream's block can be entered only once")
+        session = self._session
+        turn = session.config.timeout.turn
+        scope = self._scope = trio.move_on_after(math.inf if turn is None else turn)
+        scope.__enter__()
+        try:
+            response, self._slot = await send_attempts(
+                partial(session._send_once, self._url, self._body, self._headers),
+                policy=session.config.retry,
+                limiter=session.config.current_limiter(),
+                url=self._url,
+            )
+            try:
+                parser = self._new_parser(request_id_of(response.headers))
+                self._stream = SSEStream(
+                    response,
+                    parser,
+                    provider=session.provider,
+                    url=self._url,
+                    timeouts=session.config.timeout,
+                )
+            except BaseException:
+                await self._close(response)
+                raise
+        except BaseException as exc:
+            if scope.__exit__(type(exc), exc, exc.__traceback__):
+                raise self._timed_out() from None
+            raise
+        return self._stream
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool:
+        scope = self._scope
+        stream = self._stream
+        assert scope is not None
+        assert stream is not None
+        try:
+            await self._close(stream)
+        except BaseException as exc:  # as from a ``finally``: it replaces the block's error
+            if scope.__exit__(type(exc), exc, exc.__traceback__):
+                raise self._timed_out() from None
+            raise
+        suppressed = scope.__exit__(exc_type, exc_value, traceback)
+        if scope.cancelled_caught:
+            raise self._timed_out() from None
+        return suppressed
+
+    async def _close(self, what: SSEStream | httpx2.Response) -> None:
+        """Close the response (shielded, so that a cancel still closes the connection and the
+        server sees the disconnect at once), then give the slot back."""
+        try:
+            with trio.move_on_after(_CLOSE_SECONDS, shield=True):
+                await what.aclose()
+        finally:
+            if self._slot is not None:
+                self._slot.release()
+
+    def _timed_out(self) -> ModelTimeoutError:
+        turn = self._session.config.timeout.turn
+        return ModelTimeoutError(
+            f"the turn did not finish within {turn}s ({self._url})",
+            provider=self._session.provider,
         )
 
 
