@@ -50,7 +50,7 @@ class Transcript:
     results: dict[str, ToolResult] = attrs.field(factory=dict)
     intents: dict[str, int] = attrs.field(factory=dict)
     started: dict[str, ToolCall] = attrs.field(factory=dict)
-    awaiting: set[str] = attrs.field(factory=set)
+    awaiting: dict[str, None] = attrs.field(factory=dict)  # a set; a dict is 150 B smaller
     usage: Usage = Usage()
 
     @classmethod
@@ -76,7 +76,7 @@ class Transcript:
             elif isinstance(event, CredentialRequested):
                 transcript.intents[event.call.id] = transcript.intents.get(event.call.id, 1) - 1
             elif isinstance(event, ResultRequested):
-                transcript.awaiting.add(event.call.id)
+                transcript.awaiting[event.call.id] = None
             elif isinstance(event, ToolCallFinished):
                 transcript.results[event.result.call_id] = event.result
         return transcript
@@ -89,7 +89,7 @@ class Transcript:
         self.results = {}
         self.intents = {}
         self.started = {}
-        self.awaiting = set()
+        self.awaiting = {}
 
     def close_turn(self) -> None:
         """Fold the last turn's tool results into the messages, in the order of its calls."""
@@ -102,4 +102,4 @@ class Transcript:
         self.results = {}
         self.intents = {}
         self.started = {}
-        self.awaiting = set()
+        self.awaiting = {}

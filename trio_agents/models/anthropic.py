@@ -491,5 +491,9 @@ class Anthropic(HTTPModel):
             "v1/messages",
             body=self.request_body(request),
             headers=self.request_headers(),
-            new_parser=lambda request_id: AnthropicParser(model=self._model, request_id=request_id),
+            new_parser=self._new_parser,
         )
+
+    def _new_parser(self, request_id: str | None) -> AnthropicParser:
+        # A bound method, not a closure: an open stream keeps one object less.
+        return AnthropicParser(model=self._model, request_id=request_id)

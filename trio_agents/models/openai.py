@@ -369,7 +369,9 @@ class OpenAIChat(HTTPModel):
             "chat/completions",
             body=self.request_body(request),
             headers=self.request_headers(),
-            new_parser=lambda request_id: OpenAIChatParser(
-                model=self._model, request_id=request_id
-            ),
+            new_parser=self._new_parser,
         )
+
+    def _new_parser(self, request_id: str | None) -> OpenAIChatParser:
+        # A bound method, not a closure: an open stream keeps one object less.
+        return OpenAIChatParser(model=self._model, request_id=request_id)

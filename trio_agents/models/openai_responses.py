@@ -359,7 +359,9 @@ class OpenAIResponses(HTTPModel):
             "responses",
             body=self.request_body(request),
             headers=self.request_headers(),
-            new_parser=lambda request_id: OpenAIResponsesParser(
-                model=self._model, request_id=request_id
-            ),
+            new_parser=self._new_parser,
         )
+
+    def _new_parser(self, request_id: str | None) -> OpenAIResponsesParser:
+        # A bound method, not a closure: an open stream keeps one object less.
+        return OpenAIResponsesParser(model=self._model, request_id=request_id)
