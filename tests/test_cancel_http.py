@@ -15,9 +15,10 @@ import pytest
 import trio
 
 import trio_agents as ta
-from trio_agents.agents import Agent
-from trio_agents.events import ToolCallFinished, TurnFinished
+from trio_agents.agents import Agent, Parallel
+from trio_agents.events import CancelRequested, ToolCallFinished, TurnFinished
 from trio_agents.messages import ToolCall
+from trio_agents.models.scripted import ScriptedModel, ScriptedTurn
 from trio_agents.runner import CancelMode, Invocation, Outcome, Runner
 from trio_agents.testing import FakeServer, ResponsePlan
 
@@ -111,6 +112,100 @@ async def test_http_cancel_mid_stream(
         assert not record.completed
         assert outcome.output == "w0 w1 w2 w3 w4 "  # tokens at t=1..5; the cancel at 5.5
         assert record.chunks_written == 6  # the head and five tokens, of 20+ planned
+
+
+async def test_an_immediate_cancel_mid_stream_says_so_once_the_stream_is_closed(
+    wire: Wire, server: FakeServer, autojump_clock: trio.abc.Clock
+) -> None:
+    """``cancel()`` of a streaming invocation does nothing before the stream's connection is
+    closed but cancel it: its ``cancel_requested`` event is published by the invocation once
+    the stream has closed (then the ending), not by ``cancel()`` itself."""
+    server.enqueue(wire.stream([f"w{i} " for i in range(20)], delay=1))
+    async with wire.model(server) as model, Runner() as runner:
+        inv = await runner.start(Agent(name="h", model=model), "go")
+        await trio.sleep(5.5)
+        assert inv.cancel(reason="stop", by="ann")
+        assert "cancel_requested" not in [e.kind for e in inv.recorder.log]
+        with trio.fail_after(60):
+            outcome = await inv.wait()
+        events = [e async for e in inv.events()]
+    kinds = [e.kind for e in events]
+    [said] = [e for e in events if isinstance(e, CancelRequested)]
+    assert (said.mode, said.reason, said.by) == ("immediate", "stop", "ann")
+    assert kinds.index("cancel_requested") > max(
+        i for i, k in enumerate(kinds) if k == "text_delta"
+    )
+    assert kinds[-1] == "ended"
+    assert outcome.status == "cancelled"
+    assert server.requests[0].disconnected_at is not None
+
+
+async def test_an_immediate_cancel_during_a_tool_says_so_at_once(
+    wire: Wire, server: FakeServer, autojump_clock: trio.abc.Clock
+) -> None:
+    """With no model stream open, ``cancel()`` publishes ``cancel_requested`` itself."""
+    probe = ToolProbe()
+    server.enqueue(wire.stream(tool_calls=[call("lookup")]))
+    async with wire.model(server) as model, Runner() as runner:
+        agent = Agent(name="h", model=model, tools=[probe.slow("lookup", 10)])
+        inv = await runner.start(agent, "go")
+        await trio.sleep(5)
+        assert probe.started == ["lookup"]
+        assert inv.cancel(reason="stop")
+        assert [e.kind for e in inv.recorder.log].count("cancel_requested") == 1
+        with trio.fail_after(60):
+            outcome = await inv.wait()
+    assert outcome.status == "cancelled"
+    assert probe.cancelled == ["lookup"]
+
+
+async def test_a_stream_closing_says_the_cancel_while_another_branch_still_unwinds(
+    wire: Wire, server: FakeServer, autojump_clock: trio.abc.Clock
+) -> None:
+    """Two branches: one streams from the server, one runs a tool whose cleanup takes 30 s
+    (shielded).  The cancel is said as soon as the stream has closed, not when the whole
+    invocation has unwound."""
+
+    @ta.tool
+    async def stubborn(label: str) -> str:
+        """Clean up for 30 s whatever happens."""
+        try:
+            await trio.sleep(100)
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.sleep(30)
+        return label
+
+    server.enqueue(wire.stream([f"w{i} " for i in range(20)], delay=1))
+    scripted = ScriptedModel([ScriptedTurn.call("stubborn", '{"label": "x"}')])
+    said_at: list[float] = []
+    async with wire.model(server) as model, Runner() as runner:
+        both = Parallel(
+            name="both",
+            branches=[
+                Agent(name="streams", model=model),
+                Agent(name="tools", model=scripted, tools=[stubborn]),
+            ],
+        )
+        inv = await runner.start(both, "go")
+
+        async def watch() -> None:
+            async for event in inv.events():
+                if event.kind == "cancel_requested":
+                    said_at.append(trio.current_time())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch)
+            await trio.sleep(5.5)
+            cancelled_at = trio.current_time()
+            assert inv.cancel(reason="stop")
+            with trio.fail_after(120):
+                outcome = await inv.wait()
+            ended_at = trio.current_time()
+    assert outcome.status == "cancelled"
+    assert ended_at - cancelled_at == pytest.approx(30, abs=0.1)
+    assert said_at == [pytest.approx(cancelled_at, abs=0.01)]
+    assert server.requests[0].disconnected_at == pytest.approx(cancelled_at, abs=0.01)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -138,6 +138,7 @@ class Invocation:
         "_scope",
         "_stream_scopes",
         "_token",
+        "_unsaid_cancel",
         "_usage",
         "agent",
         "exclusive",
@@ -179,6 +180,7 @@ class Invocation:
         self._creds: dict[str, str] | None = None  # submitted credentials: memory only
         self._lease_trouble = False  # stopping because the lease is lost or expiring
         self._mode: CancelMode | None = None
+        self._unsaid_cancel = False  # an immediate cancel's event waits for its stream to close
         self._reason: str | None = None
         self._cancelled_by: str | None = None
         self._ending = False
@@ -244,6 +246,10 @@ class Invocation:
 
         ``reason`` and ``by`` (who asks) are recorded in the outcome; the first given is kept.
 
+        An ``immediate`` cancel only cancels the invocation's scope; when a model stream is
+        open, its ``cancel_requested`` event is published by the invocation once that stream's
+        connection is closed, so nothing runs before the server sees the disconnect.
+
         Returns ``False`` if the invocation's ending is already decided (a no-op), else
         ``True``.  Raises :class:`~trio_agents.UsageError` for an unknown mode or a negative
         grace.
@@ -280,9 +286,13 @@ class Invocation:
         mode = stronger_mode(self._mode, mode)
         if mode != self._mode:
             self._mode = mode
-            self.recorder.publish_ephemeral(
-                CancelRequested, mode=mode, reason=self._reason, by=self._cancelled_by
-            )
+            if mode == "immediate" and self._stream_scopes:
+                # The model's stream is closed first: its event is published once the stream's
+                # connection is closed (``_track_stream``), so that nothing runs before that
+                # but the cancel itself (no event, no reader woken).
+                self._unsaid_cancel = True
+            else:
+                self._say_cancel()
         if mode == "immediate":
             self._scope.cancel(reason=self._reason)
         elif mode == "after_tools":
@@ -302,9 +312,17 @@ class Invocation:
     def _history_so_far(self) -> list[Message]:
         return self._history
 
+    def _say_cancel(self) -> None:
+        self._unsaid_cancel = False
+        self.recorder.publish_ephemeral(
+            CancelRequested, mode=self._mode, reason=self._reason, by=self._cancelled_by
+        )
+
     def _track_stream(self, scope: trio.CancelScope, *, add: bool) -> None:
         if not add:
             self._stream_scopes.remove(scope)
+            if self._unsaid_cancel:  # the stream that was open at the cancel has closed
+                self._say_cancel()
             return
         self._stream_scopes.append(scope)
         if mode_reaches(self._mode, "after_tools"):
@@ -422,6 +440,8 @@ class Invocation:
                     pending = tuple(dict.fromkeys([*paused, *raised]))
         finally:
             self._ending = True
+            if self._unsaid_cancel:
+                self._say_cancel()
             if status is None:  # a cancel from outside the invocation: the runner is stopping
                 status = "cancelled"
                 if self._reason is None:
