@@ -20,8 +20,8 @@ The life of a gate
     2. **Hot wait.**  The invocation parks in :class:`Gates` inside its own cancel scope: no
        thread, no connection.  An end reaches it at once in this process
        (:meth:`Gates.deliver`), or through the store from another process (the runner's
-       watcher reads :meth:`Store.decisions_for` for *all* parked invocations in one query
-       per wake).
+       watcher reads :meth:`Store.requests_for` - cancel requests and decisions - for *all*
+       its invocations in one query per wake).
     3. **End.**  Every gate ends in exactly one state: ``approved`` or ``denied`` (an
        approval), ``submitted`` (a result, a credential), ``expired`` or ``cancelled``.  The
        store is the one arbiter, first write wins: deciders record their end with
