@@ -39,6 +39,7 @@ import trio
 
 from . import approvals
 from ._exceptions import SessionNotFound, StoreError, UsageError
+from ._gate_closer import GateCloser
 from ._outcome import Outcome, history_of, leaf, partial_output, signals
 from ._recorder import Recorder
 from ._run_context import InvocationContext
@@ -100,6 +101,7 @@ class InvocationEnv:
 
     store: Store
     writer: JournalWriter
+    gate_closer: GateCloser
     owner: str
     lease_ttl: float
     cleanup_timeout: float
@@ -511,20 +513,21 @@ class Invocation:
 
     async def _close_gates(self, reason: str | None) -> list[tuple[type[Any], dict[str, Any]]]:
         """A cancel ends every open gate ``cancelled``: recorded in the store (first write
-        wins: a decision that came first stands) within ``cleanup_timeout``, then journaled
-        with the terminal event.  If the store cannot be reached, the gates stay open."""
+        wins: a decision that came first stands) within ``cleanup_timeout``, together with
+        the gate ends of every invocation closing at the same moment (see
+        :mod:`._gate_closer`), then journaled with the terminal event.  If the store cannot
+        record them in time, the gates stay open."""
         ends = approvals.cancelled_ends(
             self.id, self._gate_tally, reason=reason, by=self._cancelled_by
         )
         if not ends:
             return []
-        with trio.move_on_after(self._env.cleanup_timeout):
-            try:
-                standing = await self._env.store.end_gates(ends)
-            except StoreError:
-                return []
-            return approvals.end_events(self._gate_tally, standing)
-        return []
+        deadline = trio.current_time() + self._env.cleanup_timeout
+        try:
+            standing = await self._env.gate_closer.end(ends, deadline=deadline)
+        except StoreError:
+            return []
+        return approvals.end_events(self._gate_tally, standing)
 
     async def _finish(
         self, status: Status, output: str, error: BaseException | None, pending: tuple[str, ...]
