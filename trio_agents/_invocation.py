@@ -70,6 +70,8 @@ from .stores._base import (
 
 __all__ = ["EventStream", "Invocation", "InvocationEnv", "Outcome", "lease_deadline"]
 
+NO_USAGE: Final = Usage()  # frozen: one for every invocation that has used nothing yet
+
 LEASE_MARGIN: Final = 1 / 6
 """The part of ``lease_ttl`` an invocation keeps in hand: it stops itself that long before
 its lease would expire."""
@@ -190,7 +192,7 @@ class Invocation:
         )
         self._ctx = InvocationContext(self, (), "", input)
         self._hooks: InvocationHooks | None = env.hooks.bind(self, env.store) if env.hooks else None
-        self._usage = Usage()
+        self._usage = NO_USAGE
         self._outcome: Outcome | None = None
         self._done: trio.Event | None = None  # made by the first wait(): most never need one
 
@@ -398,7 +400,10 @@ class Invocation:
         try:
             try:
                 with self._scope:
-                    output = await self._body()
+                    await self._prepare()
+                    # Awaited here rather than in a helper: one frame less per parked
+                    # invocation (a parked one holds its whole chain of frames).
+                    output = await self.agent.run(self._ctx)
                 if self._scope.cancelled_caught:
                     status = "cancelled"
                     if self._mode != "immediate" and trio.current_time() >= self._lease_deadline:
@@ -498,7 +503,8 @@ class Invocation:
         assert rec.lease is not None
         self._set_lease_deadline(lease_deadline(rec.lease, sent_at, env.lease_ttl))
 
-    async def _body(self) -> str:
+    async def _prepare(self) -> None:
+        """Before the agent runs: the start hook, and the session's conversation so far."""
         if self._hooks is not None:
             await self._hooks.started()
         if self.session_id is not None:
@@ -509,7 +515,6 @@ class Invocation:
                 session = None
             if session is not None:
                 self._history = history_of(session.entries, self.id)
-        return await self.agent.run(self._ctx)
 
     async def _close_gates(self, reason: str | None) -> list[tuple[type[Any], dict[str, Any]]]:
         """A cancel ends every open gate ``cancelled``: recorded in the store (first write
