@@ -8,19 +8,20 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import trio
 import trio.testing
 
 from trio_agents import GateClosed, InvocationNotFound, StoreError, StoreUnavailableError
+from trio_agents._gate_closer import GateCloser
 from trio_agents.agents import Agent
 from trio_agents.events import ApprovalDecided, ApprovalRequested, Event
 from trio_agents.messages import ModelRequest, ToolCall, ToolResultMessage
 from trio_agents.models import ScriptedModel, ScriptedTurn
 from trio_agents.runner import Invocation, Outcome, Runner
-from trio_agents.stores import ApprovalDecision, MemoryStore
+from trio_agents.stores import ApprovalDecision, MemoryStore, Store
 from trio_agents.tools import tool
 
 from ._helpers import terminal_events
@@ -315,3 +316,80 @@ async def test_random_cancels_decisions_and_store_failures(
         1 for o in outcomes if o.gates["1:c0"] == "approved" and o.status == "completed"
     )
     await check_agreement(store, invs, list(won))
+
+
+class HeldStore:
+    """Just ``end_gates``: each call waits until ``release`` is set, then stands every end."""
+
+    def __init__(self) -> None:
+        self.release = trio.Event()
+        self.calls: list[list[str]] = []
+
+    async def end_gates(self, decisions: Sequence[ApprovalDecision]) -> list[ApprovalDecision]:
+        self.calls.append([d.invocation_id for d in decisions])
+        await self.release.wait()
+        return list(decisions)
+
+
+def cancelled(invocation_id: str) -> ApprovalDecision:
+    return ApprovalDecision(
+        invocation_id=invocation_id, approval_id="1:c0", approved=False, state="cancelled"
+    )
+
+
+async def test_a_cancelled_caller_withdraws_its_ends(autojump_clock: trio.abc.Clock) -> None:
+    """A caller cancelled while its ends wait in the queue withdraws them: they are never
+    sent; the others' are, together, in the next call."""
+    store = HeldStore()
+    closer = GateCloser(cast(Store, store), timeout=10)
+    got: dict[str, list[ApprovalDecision]] = {}
+    b_scope = trio.CancelScope()
+
+    async def ask(name: str) -> None:
+        got[name] = await closer.end([cancelled(name)])
+
+    async def ask_b() -> None:
+        with b_scope:
+            await ask("b")
+
+    async with trio.open_nursery() as nursery:
+        scope = await nursery.start(closer.serve)
+        nursery.start_soon(ask, "a")
+        await trio.testing.wait_all_tasks_blocked()
+        assert store.calls == [["a"]]  # in flight; the others queue behind it
+        nursery.start_soon(ask_b)
+        nursery.start_soon(ask, "c")
+        await trio.testing.wait_all_tasks_blocked()
+        b_scope.cancel()
+        await trio.testing.wait_all_tasks_blocked()
+        store.release.set()
+        await trio.testing.wait_all_tasks_blocked()
+        scope.cancel()
+    assert store.calls == [["a"], ["c"]]
+    assert sorted(got) == ["a", "c"]
+    assert got["c"] == [cancelled("c")]
+
+
+async def test_callers_still_waiting_when_the_closer_stops_get_an_error(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """If the closer's task ends (the runner closing) while callers wait, each gets
+    StoreUnavailableError at once instead of waiting forever."""
+    store = HeldStore()
+    closer = GateCloser(cast(Store, store), timeout=3600)
+    errors: list[str] = []
+
+    async def ask(name: str) -> None:
+        try:
+            await closer.end([cancelled(name)])
+        except StoreUnavailableError as exc:
+            errors.append(f"{name}: {exc}")
+
+    async with trio.open_nursery() as nursery:
+        scope = await nursery.start(closer.serve)
+        for name in ("a", "b"):
+            nursery.start_soon(ask, name)
+            await trio.testing.wait_all_tasks_blocked()
+        scope.cancel()
+    assert sorted(e.split(":")[0] for e in errors) == ["a", "b"]  # a in flight, b queued
+    assert all("closed" in e for e in errors)

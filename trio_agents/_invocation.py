@@ -527,9 +527,8 @@ class Invocation:
         )
         if not ends:
             return []
-        deadline = trio.current_time() + self._env.cleanup_timeout
         try:
-            standing = await self._env.gate_closer.end(ends, deadline=deadline)
+            standing = await self._env.gate_closer.end(ends)  # within cleanup_timeout
         except StoreError:
             return []
         return approvals.end_events(self._gate_tally, standing)

@@ -219,7 +219,7 @@ class Runner:
                 store, commit_timeout=self.cleanup_timeout, flush_interval=self.flush_interval
             )
             self.writer = writer
-            closer = self.gate_closer = GateCloser(store)
+            closer = self.gate_closer = GateCloser(store, timeout=self.cleanup_timeout)
             self._env = InvocationEnv(
                 store=store,
                 writer=writer,
