@@ -19,8 +19,9 @@ with the memory store.  The runner's watcher wakes every ``POLL`` seconds.  Figu
   has a waiter task (``await inv.wait()``, then a counter; the last one sets an event),
   started after the memory was measured and before the clock starts: what a server with one
   waiter per request would see.  Every outcome must be ``cancelled`` with the benchmark's
-  reason, its gate ``cancelled``, its ending stored (no ``store_error``).  Then close -
-  leaving the runner's block.
+  reason, its gate ``cancelled``, its ending stored (no ``store_error``); the gates' ends
+  go to the store together (a few ``end_gates`` calls, not one per invocation).  Then
+  close - leaving the runner's block.
 * watcher - the store (a counting wrapper: a counter per method, no per-call record) is
   asked, between two consecutive ``wait_for_requests``, ``requests_for`` once, for all ``n``
   ids (the cancel requests of all, the decisions of all parked) and nothing else: one query
@@ -28,7 +29,8 @@ with the memory store.  The runner's watcher wakes every ``POLL`` seconds.  Figu
   scans its registry in Python).
 
 ``--top K`` also prints the ``K`` largest ``tracemalloc`` entries (by line) per parked
-invocation.  Exits 1 if the watcher's calls per wake are not constant or do not cover all.
+invocation.  Exits 1 if the watcher's calls per wake are not constant or do not cover all, if the
+teardown made more than one ``end_gates`` call per 100 invocations, or if an ending differs.
 
 Run: ``python -m benchmarks.parked`` (``--n N``, default 100,000; ``--quick``: 200).
 """
@@ -268,6 +270,9 @@ def main() -> int:
         found.append(f"watcher calls per wake: {r['per_wake']}")
     if r["batch"]["requests_for"] != n or r["batch"]["requests_for#1"] != n:
         found.append(f"the watcher's call did not cover all {n}: {r['batch']}")
+    ends = r["teardown_calls"].get("end_gates", 0)
+    if ends > max(1, n // 100):
+        found.append(f"gate ends not batched: {ends} end_gates calls for {n} invocations")
     expected = [["cancelled", END, "cancelled", False, n]]
     if r["endings"] != expected:
         found.append(f"outcomes (status, reason, gates, store error, count): {r['endings']}")
