@@ -3,7 +3,7 @@ invocations.
 
 The runner renews the leases of all its invocations in one store call per round
 (``Store.renew_leases``), and its watcher reads the cancel requests and the approval decisions
-of all of them in one query each per wake (``Store.cancel_requests``, ``Store.decisions_for``).
+of all of them in one query per wake (``Store.requests_for``).
 This benchmark shows that those counts stay flat as the number of invocations grows, and what
 the calls cost in time.
 
@@ -17,8 +17,9 @@ all are parked, a few seconds pass; then:
 * renew - the lease calls (``renew_leases``, ``renew_lease``) of each full renewal round
   (a round is a burst of lease calls; rounds are a third of ``lease_ttl`` apart), their
   store time, and that time per invocation;
-* watch - the reads (``cancel_requests``, ``decisions_for``, ``decisions``) between two
-  consecutive ``wait_for_requests`` calls of the watcher, and their store time;
+* watch - the reads (``requests_for``, and ``cancel_requests``, ``decisions_for``,
+  ``decisions`` should any come) between two consecutive ``wait_for_requests`` calls of the
+  watcher, and their store time;
 * per-invocation calls (old design) - what one call per invocation cost: ``n`` calls per
   round by construction, and, measured, ``n`` sequential ``store.renew_lease`` calls for the
   same leases on the same store (while the runner keeps running);
@@ -63,7 +64,7 @@ LEASE_TTL = 3.0  # a renewal round every second
 POLL = 0.2  # the watcher wakes five times a second (SQLite is polled; memory wakes on requests)
 SETTLE = 1.0  # after the last invocation parked, before measuring
 LEASE_CALLS = frozenset({"renew_leases", "renew_lease"})
-WATCH_READS = frozenset({"cancel_requests", "decisions_for", "decisions"})
+WATCH_READS = frozenset({"requests_for", "cancel_requests", "decisions_for", "decisions"})
 WAKE = "wait_for_requests"
 END = "end of benchmark"
 

@@ -19,15 +19,18 @@ with the memory store.  The runner's watcher wakes every ``POLL`` seconds.  Figu
   has a waiter task (``await inv.wait()``, then a counter; the last one sets an event),
   started after the memory was measured and before the clock starts: what a server with one
   waiter per request would see.  Every outcome must be ``cancelled`` with the benchmark's
-  reason, its gate ``cancelled``, its ending stored (no ``store_error``).  Then close -
-  leaving the runner's block.
+  reason, its gate ``cancelled``, its ending stored (no ``store_error``); the gates' ends
+  go to the store together (a few ``end_gates`` calls, not one per invocation).  Then
+  close - leaving the runner's block.
 * watcher - the store (a counting wrapper: a counter per method, no per-call record) is
-  asked, between two consecutive ``wait_for_requests``, ``cancel_requests`` and
-  ``decisions_for`` once each, each for all ``n`` ids: one query per wake, not one per parked
-  invocation.  Shown with the wake's time (the watcher also scans its registry in Python).
+  asked, between two consecutive ``wait_for_requests``, ``requests_for`` once, for all ``n``
+  ids (the cancel requests of all, the decisions of all parked) and nothing else: one query
+  per wake, not one per parked invocation.  Shown with the wake's time (the watcher also
+  scans its registry in Python).
 
 ``--top K`` also prints the ``K`` largest ``tracemalloc`` entries (by line) per parked
-invocation.  Exits 1 if the watcher's calls per wake are not constant or do not cover all.
+invocation.  Exits 1 if the watcher's calls per wake are not constant or do not cover all, if the
+teardown made more than one ``end_gates`` call per 100 invocations, or if an ending differs.
 
 Run: ``python -m benchmarks.parked`` (``--n N``, default 100,000; ``--quick``: 200).
 """
@@ -56,13 +59,14 @@ from trio_agents.stores import MemoryStore, Store
 
 POLL = 0.2  # the watcher wakes five times a second
 WATCHED = 1.0  # seconds all are parked while the watcher is counted
-WATCH_READS = ("cancel_requests", "decisions_for", "decisions")
+WATCH_READS = ("requests_for", "cancel_requests", "decisions_for", "decisions")
 END = "end of benchmark"
 
 
 class CountingStore:
     """Delegates to ``inner``; counts each async method's calls and the largest batch (the
-    length of a sequence first argument).  O(1) memory, whatever the number of calls."""
+    length of a sequence positional argument: ``name`` for the first, ``name#k`` for the
+    ``k``-th after it).  O(1) memory, whatever the number of calls."""
 
     def __init__(self, inner: Store) -> None:
         self.inner = inner
@@ -77,8 +81,10 @@ class CountingStore:
 
         async def counted(*args: Any, **kwargs: Any) -> Any:
             calls[name] += 1
-            if args and isinstance(args[0], Sequence) and not isinstance(args[0], str):
-                batch[name] = max(batch.get(name, 0), len(args[0]))
+            for k, arg in enumerate(args):
+                if isinstance(arg, Sequence) and not isinstance(arg, str):
+                    key = f"{name}#{k}" if k else name
+                    batch[key] = max(batch.get(key, 0), len(arg))
             return await attr(*args, **kwargs)
 
         return counted
@@ -162,7 +168,7 @@ async def measure(n: int, top: int) -> dict[str, Any]:
             m: (proxy.calls[m] - reads_before[m]) / max(wakes, 1) for m in WATCH_READS
         }
         out["calls_watched"] = sum(proxy.calls.values()) - others_before
-        out["batch"] = {m: proxy.batch.get(m, 0) for m in WATCH_READS}
+        out["batch"] = {m: proxy.batch.get(m, 0) for m in (*WATCH_READS, "requests_for#1")}
 
         count = 0
         all_done = trio.Event()
@@ -260,10 +266,13 @@ def main() -> int:
     for where, size, count in t.get("top", []):
         print(f"    {size / n:8.0f} B/inv {count / n:6.2f} blocks/inv  {where}")
     found = []
-    if r["per_wake"]["cancel_requests"] != 1 or r["per_wake"]["decisions_for"] != 1:
+    if r["per_wake"] != {m: 1 if m == "requests_for" else 0 for m in WATCH_READS}:
         found.append(f"watcher calls per wake: {r['per_wake']}")
-    if r["batch"]["cancel_requests"] != n or r["batch"]["decisions_for"] != n:
-        found.append(f"a watcher call did not cover all {n}: {r['batch']}")
+    if r["batch"]["requests_for"] != n or r["batch"]["requests_for#1"] != n:
+        found.append(f"the watcher's call did not cover all {n}: {r['batch']}")
+    ends = r["teardown_calls"].get("end_gates", 0)
+    if ends > max(1, n // 100):
+        found.append(f"gate ends not batched: {ends} end_gates calls for {n} invocations")
     expected = [["cancelled", END, "cancelled", False, n]]
     if r["endings"] != expected:
         found.append(f"outcomes (status, reason, gates, store error, count): {r['endings']}")

@@ -6,11 +6,13 @@ across processes (a decision made elsewhere, a pause resumed elsewhere) runs on 
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 import trio_agents as ta
 from trio_agents.agents import Agent, Parallel
@@ -18,6 +20,7 @@ from trio_agents.events import ApprovalDecided, ApprovalRequested, Event
 from trio_agents.messages import ModelRequest, ToolCall, ToolResultMessage
 from trio_agents.models import ScriptedModel, ScriptedTurn
 from trio_agents.runner import CancelMode, Invocation, Runner
+from trio_agents.stores import ApprovalDecision, CancelRequest, MemoryStore, Store
 from trio_agents.tools import Tool, tool
 
 from ._helpers import live_task_names, terminal_events
@@ -299,6 +302,74 @@ async def test_pause_then_decide_elsewhere_then_resume_elsewhere(case: StoreCase
         if isinstance(e, ApprovalDecided)
     ]
     assert decided[0].by == "bob"
+
+
+class CallLog:
+    """Delegates to ``inner``; logs each async call as (method, the lengths of its sequence
+    positional arguments)."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.log: list[tuple[str, tuple[int, ...]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if not callable(attr) or name.startswith("_"):
+            return attr
+
+        async def logged(*args: Any, **kwargs: Any) -> Any:
+            sizes = tuple(len(a) for a in args if isinstance(a, (list, tuple)))
+            self.log.append((name, sizes))
+            return await attr(*args, **kwargs)
+
+        return logged
+
+
+async def test_the_watcher_reads_once_per_wake_for_all_parked(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """With many invocations parked, each wake of the watcher makes one store call,
+    ``requests_for``, covering every invocation (and every parked one); a decision and a
+    cancel request written to the store by someone else reach their invocations through it."""
+    n = 60
+    probe = Deployer()
+
+    def script(request: ModelRequest) -> ScriptedTurn:
+        if isinstance(request.messages[-1], ToolResultMessage):
+            return ScriptedTurn.text("done")
+        return calls(DEPLOY_API)
+
+    store = MemoryStore()
+    proxy = CallLog(store)
+    agent = Agent(name="ops", model=ScriptedModel(script), tools=probe.tools())
+    async with Runner(store=proxy, cancel_poll_interval=0.5) as runner:
+        invs = [await runner.start(agent, "ship it") for _ in range(n)]
+        for inv in invs:
+            await approval_requests(inv)
+        await trio.testing.wait_all_tasks_blocked()
+        start = len(proxy.log)
+        await trio.sleep(10)  # about 20 wakes
+        window = proxy.log[start:]
+        waits = [k for k, (name, _) in enumerate(window) if name == "wait_for_requests"]
+        assert len(waits) >= 15
+        between = [window[a + 1 : b] for a, b in itertools.pairwise(waits)]
+        assert all(calls_ == [("requests_for", (n, n))] for calls_ in between), between
+
+        decided, cancelled = invs[3], invs[7]
+        await store.record_decision(
+            ApprovalDecision(invocation_id=decided.id, approval_id="1:c0", approved=True)
+        )
+        await store.request_cancel(CancelRequest(invocation_id=cancelled.id, reason="elsewhere"))
+        with trio.fail_after(5):
+            assert (await decided.wait()).status == "completed"
+            outcome = await cancelled.wait()
+        assert (outcome.status, outcome.reason, outcome.gates) == (
+            "cancelled",
+            "elsewhere",
+            {"1:c0": "cancelled"},
+        )
+        assert probe.deployed == ["api"]
+        runner.cancel_all(reason="end of test")
 
 
 async def test_a_decision_from_another_process_wakes_the_wait(case: StoreCase) -> None:

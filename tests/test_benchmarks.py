@@ -67,7 +67,7 @@ EXPECTED = {
         r"memory per parked invocation: [\d.]+ KiB Python \(RSS -?[\d.]+ KiB\)",
         r"start: [\d.]+ s \([\d.]+ us/start\)",
         r"teardown: cancel_all until every wait\(\) returned [\d.]+ ms",
-        r"watcher: cancel_requests 1, decisions_for 1 store calls/wake",
+        r"watcher: requests_for 1 store calls/wake",
     ],
 }
 

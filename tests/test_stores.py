@@ -50,6 +50,7 @@ from trio_agents.stores import (
     Lease,
     MemoryStore,
     PostgresStore,
+    Requests,
     SessionEntry,
     SQLiteStore,
     Store,
@@ -413,6 +414,45 @@ async def test_approval_decisions_persist_and_the_first_stands(case: StoreCase) 
         await s.append_events(lease, [end("i1", 1, "paused")])
         assert len(await s.decisions("i1")) == 2  # kept for the resume
         assert await s.record_decision(attrs.evolve(no, approved=True)) is False
+
+
+async def test_requests_for_reads_cancels_and_decisions_in_one_call(case: StoreCase) -> None:
+    """requests_for answers a watcher's wake in one call: the cancel requests of the ids
+    asked (as cancel_requests) and the decisions of the parked ids (as decisions_for),
+    from another process too; empty lists and ids with nothing pending give nothing."""
+    with trio.fail_after(10):
+        s, clock = case.store, case.clock
+        for i in ("i1", "i2", "i3"):
+            await s.create_invocation(record(i), ttl=30)
+        assert await s.requests_for([], []) == Requests()
+        assert await s.requests_for(["i1", "i2", "nope"], ["i1", "nope"]) == Requests()
+        stop = CancelRequest(invocation_id="i2", mode="after_tools", reason="stop")
+        assert await s.request_cancel(stop)
+        first = ApprovalDecision(invocation_id="i1", approval_id="b", approved=True)
+        assert await s.record_decision(first)
+        clock.advance(1)
+        second = ApprovalDecision(invocation_id="i1", approval_id="a", approved=False)
+        assert await s.record_decision(second)
+        other_inv = ApprovalDecision(invocation_id="i3", approval_id="z", approved=True)
+        assert await s.record_decision(other_inv)
+        async with case.twin() as other:
+            got = await other.requests_for(["nope", "i3", "i2", "i1"], ["i3", "i1", "nope"])
+            assert got.cancels == (attrs.evolve(stop, requested_at=clock.now - 1),)
+            assert got.cancels == tuple(await other.cancel_requests(["nope", "i3", "i2", "i1"]))
+            assert got.decisions == tuple(await other.decisions_for(["i3", "i1", "nope"]))
+            assert [(d.invocation_id, d.approval_id) for d in got.decisions] == [
+                ("i3", "z"),
+                ("i1", "b"),
+                ("i1", "a"),
+            ]
+        # Only the parked ids' decisions; only the watched ids' cancels.
+        got = await s.requests_for(["i1"], [])
+        assert got == Requests()
+        got = await s.requests_for([], ["i3"])
+        assert (got.cancels, [d.approval_id for d in got.decisions]) == ((), ["z"])
+        got = await s.requests_for(["i2"], [f"x{k}" for k in range(1200)] + ["i1"])
+        assert [r.invocation_id for r in got.cancels] == ["i2"]
+        assert [d.approval_id for d in got.decisions] == ["b", "a"]
 
 
 @only(MEMORY, POSTGRES)

@@ -39,6 +39,7 @@ import trio
 
 from . import approvals
 from ._exceptions import SessionNotFound, StoreError, UsageError
+from ._gate_closer import GateCloser
 from ._outcome import Outcome, history_of, leaf, partial_output, signals
 from ._recorder import Recorder
 from ._run_context import InvocationContext
@@ -68,6 +69,8 @@ from .stores._base import (
 )
 
 __all__ = ["EventStream", "Invocation", "InvocationEnv", "Outcome", "lease_deadline"]
+
+NO_USAGE: Final = Usage()  # frozen: one for every invocation that has used nothing yet
 
 LEASE_MARGIN: Final = 1 / 6
 """The part of ``lease_ttl`` an invocation keeps in hand: it stops itself that long before
@@ -100,6 +103,7 @@ class InvocationEnv:
 
     store: Store
     writer: JournalWriter
+    gate_closer: GateCloser
     owner: str
     lease_ttl: float
     cleanup_timeout: float
@@ -190,7 +194,7 @@ class Invocation:
         )
         self._ctx = InvocationContext(self, (), "", input)
         self._hooks: InvocationHooks | None = env.hooks.bind(self, env.store) if env.hooks else None
-        self._usage = Usage()
+        self._usage = NO_USAGE
         self._outcome: Outcome | None = None
         self._done: trio.Event | None = None  # made by the first wait(): most never need one
 
@@ -414,7 +418,10 @@ class Invocation:
         try:
             try:
                 with self._scope:
-                    output = await self._body()
+                    await self._prepare()
+                    # Awaited here rather than in a helper: one frame less per parked
+                    # invocation (a parked one holds its whole chain of frames).
+                    output = await self.agent.run(self._ctx)
                 if self._scope.cancelled_caught:
                     status = "cancelled"
                     if self._mode != "immediate" and trio.current_time() >= self._lease_deadline:
@@ -516,7 +523,8 @@ class Invocation:
         assert rec.lease is not None
         self._set_lease_deadline(lease_deadline(rec.lease, sent_at, env.lease_ttl))
 
-    async def _body(self) -> str:
+    async def _prepare(self) -> None:
+        """Before the agent runs: the start hook, and the session's conversation so far."""
         if self._hooks is not None:
             await self._hooks.started()
         if self.session_id is not None:
@@ -527,24 +535,23 @@ class Invocation:
                 session = None
             if session is not None:
                 self._history = history_of(session.entries, self.id)
-        return await self.agent.run(self._ctx)
 
     async def _close_gates(self, reason: str | None) -> list[tuple[type[Any], dict[str, Any]]]:
         """A cancel ends every open gate ``cancelled``: recorded in the store (first write
-        wins: a decision that came first stands) within ``cleanup_timeout``, then journaled
-        with the terminal event.  If the store cannot be reached, the gates stay open."""
+        wins: a decision that came first stands) within ``cleanup_timeout``, together with
+        the gate ends of every invocation closing at the same moment (see
+        :mod:`._gate_closer`), then journaled with the terminal event.  If the store cannot
+        record them in time, the gates stay open."""
         ends = approvals.cancelled_ends(
             self.id, self._gate_tally, reason=reason, by=self._cancelled_by
         )
         if not ends:
             return []
-        with trio.move_on_after(self._env.cleanup_timeout):
-            try:
-                standing = await self._env.store.end_gates(ends)
-            except StoreError:
-                return []
-            return approvals.end_events(self._gate_tally, standing)
-        return []
+        try:
+            standing = await self._env.gate_closer.end(ends)  # within cleanup_timeout
+        except StoreError:
+            return []
+        return approvals.end_events(self._gate_tally, standing)
 
     async def _finish(
         self, status: Status, output: str, error: BaseException | None, pending: tuple[str, ...]

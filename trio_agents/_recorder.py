@@ -331,7 +331,9 @@ class Recorder:
                 self._publish(event)
             self.closed = True
             self._wake_readers()
-            return event, error
+        if self._lock is not None and not self._lock.locked():
+            self._lock = None  # idle: an ended invocation keeps no lock (see record)
+        return event, error
 
     async def _write(
         self,

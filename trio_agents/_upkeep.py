@@ -110,21 +110,20 @@ async def watch_requests(
 ) -> None:
     """Apply the cancel requests and approval decisions that other processes persisted for
     invocations running here (and the cancel requests for the turn loops open here, which
-    stop them): one store call each per wake, for all of them."""
+    stop them): one store call per wake (:meth:`Store.requests_for`), for all of them."""
     loops = loops if loops is not None else {}
     while True:
         try:
             await store.wait_for_requests(timeout=poll_interval)
             if not active and not loops:
                 continue
-            requests = await store.cancel_requests([*active, *loops])
             parked = [i for i, inv in active.items() if inv._is_parked()]
-            decisions = await store.decisions_for(parked) if parked else []
+            found = await store.requests_for([*active, *loops], parked)
         except StoreError as exc:  # the store is down: keep running, ask again later
             logger.warning("could not read cancel requests or decisions: %s", exc)
             await trio.sleep(poll_interval)
             continue
-        for request in requests:
+        for request in found.cancels:
             inv = active.get(request.invocation_id)
             if inv is not None:
                 inv.cancel(
@@ -135,7 +134,7 @@ async def watch_requests(
                 )
             elif (loop := loops.get(request.invocation_id)) is not None:
                 loop.stop(request.mode, reason=request.reason, grace=request.grace)
-        for decision in decisions:
+        for decision in found.decisions:
             inv = active.get(decision.invocation_id)
             if inv is not None:
                 inv._deliver(decision)

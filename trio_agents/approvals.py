@@ -17,11 +17,11 @@ The life of a gate
        credential's name and hint) and, with ``approval_expires_after``, when the gate
        expires (``expires_at``, Unix time, measured from the request: it holds across pauses,
        resumes and processes).
-    2. **Hot wait.**  The invocation parks in :class:`Gates` inside its own cancel scope: no
-       thread, no connection.  An end reaches it at once in this process
-       (:meth:`Gates.deliver`), or through the store from another process (the runner's
-       watcher reads :meth:`Store.decisions_for` for *all* parked invocations in one query
-       per wake).
+    2. **Hot wait.**  The invocation parks in :class:`Gates`, inside its own cancel scope: no
+       thread, no connection, no scope of the wait's own unless a deadline needs one.  An
+       end reaches it at once in this process (:meth:`Gates.deliver`), or through the store
+       from another process (the runner's watcher reads :meth:`Store.requests_for` - cancel
+       requests and decisions - for *all* its invocations in one query per wake).
     3. **End.**  Every gate ends in exactly one state: ``approved`` or ``denied`` (an
        approval), ``submitted`` (a result, a credential), ``expired`` or ``cancelled``.  The
        store is the one arbiter, first write wins: deciders record their end with
@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from typing import Any, Final, Literal, Protocol, TypeAlias
 
 import attrs
@@ -158,26 +158,36 @@ class Gates:
     """An invocation's hot waits: which gates it waits for, and how to end the waits.  Made
     on the first wait (most invocations never need one).
 
+    A wait parks its task directly (``wait_task_rescheduled``), with no cancel scope or
+    parking lot of its own unless a deadline needs one: a parked invocation holds thousands
+    of these.  An end, a stop or a pause wakes it; it then looks at what changed.
+
     ``secrets`` holds credentials submitted in this process to a gate parked here, until the
     wait takes them (memory only).
     """
 
-    __slots__ = ("lot", "paused", "pausing", "scopes", "secrets", "waiting")
+    __slots__ = ("_secrets", "parked", "paused", "pausing", "scopes", "waiting")
 
     def __init__(self) -> None:
         self.waiting: dict[str, ApprovalDecision | None] = {}
-        self.scopes: list[trio.CancelScope] = []  # a list: smaller than a set
-        self.lot = trio.lowlevel.ParkingLot()
+        self.parked: list[trio.lowlevel.Task] = []  # the waits' tasks parked now
+        self.scopes: tuple[trio.CancelScope, ...] = ()  # expiries being recorded (rare)
         self.pausing = False
-        self.paused: list[str] = []  # every gate still open when the first wait paused
-        self.secrets: dict[str, str] = {}
+        self.paused: Sequence[str] = ()  # every gate still open when the first wait paused
+        self._secrets: dict[str, str] | None = None
+
+    @property
+    def secrets(self) -> dict[str, str]:
+        if self._secrets is None:
+            self._secrets = {}
+        return self._secrets
 
     def deliver(self, decision: ApprovalDecision) -> bool:
         """Hand a gate's end to the wait parked on it; ``False`` if none is."""
         if self.waiting.get(decision.approval_id, decision) is not None:
             return False
         self.waiting[decision.approval_id] = decision
-        self.lot.unpark_all()
+        self._wake()
         return True
 
     def parked_on(self, gate_id: str) -> bool:
@@ -187,74 +197,135 @@ class Gates:
         return bool(self.waiting)
 
     def end_waits(self, reason: str | None) -> None:
-        """End every wait now (a cancel of any mode, or one wait pausing)."""
+        """End every wait now: a cancel of any mode (the host is ``stopping()`` by now), or
+        one wait pausing (``pausing`` is set)."""
         for scope in self.scopes:
             scope.cancel(reason=reason)
+        self._wake()
 
-    # `timeout` is the approval timeout: when it passes the invocation pauses (a result, not
-    # an error), so it is a parameter rather than a scope around the call.
+    def _wake(self) -> None:
+        for task in self.parked:
+            trio.lowlevel.reschedule(task)
+        self.parked.clear()
+
     async def wait(
-        self,
-        pending: Mapping[str, float | None],
-        *,
-        earlier: Iterable[ApprovalDecision],
-        timeout: float | None,  # noqa: ASYNC109
-        stopping: Callable[[], bool],
-        expire: Callable[[list[str]], Awaitable[list[ApprovalDecision]]],
+        self, host: GateHost, pending: Mapping[str, float | None]
     ) -> dict[str, ApprovalDecision]:
         """Park until each gate of ``pending`` (id -> ``expires_at``, Unix time) ended.
 
-        A gate whose ``expires_at`` passes is ended by ``expire`` (which returns the end that
-        stands in the store: a decision may have come first).  Raises
-        :class:`StopRequested` if a cancel ended the wait, :class:`PauseRequested` if
-        ``timeout`` passed first - and then every other wait of the invocation pauses too,
-        and :attr:`paused` names every gate still open (a ``Parallel``'s other branches may be
-        cancelled before they can raise their own).
+        Ends recorded while the invocation was paused or starting are read from the store
+        first.  A gate whose ``expires_at`` passes is ended ``expired`` in the store (which
+        returns the end that stands: a decision may have come first).  Raises
+        :class:`StopRequested` if a cancel ended the wait, :class:`PauseRequested` if the
+        host's ``approval_timeout`` passed first - and then every other wait of the
+        invocation pauses too, and :attr:`paused` names every gate still open (a
+        ``Parallel``'s other branches may be cancelled before they can raise their own).
         """
         waiting = self.waiting
         for gate_id in pending:
             waiting[gate_id] = None
-        offset = trio.current_time() - time.time()  # Unix time -> trio time
-        deadlines = {g: math.inf if at is None else at + offset for g, at in pending.items()}
         try:
-            for decision in earlier:  # made while this invocation was paused or starting
+            for decision in await host.stored_decisions():  # made while paused or starting
                 if decision.approval_id in pending:
                     self.deliver(decision)
-            with trio.CancelScope() as scope:
-                if timeout is not None:
-                    scope.deadline = trio.current_time() + timeout
-                self.scopes.append(scope)
-                if stopping() or self.pausing:
-                    scope.cancel()
-                try:
-                    while open_ := [g for g in pending if waiting[g] is None]:
-                        due = [g for g in open_ if deadlines[g] <= trio.current_time()]
-                        if due:
-                            for decision in await expire(due):
-                                if waiting.get(decision.approval_id, decision) is None:
-                                    waiting[decision.approval_id] = decision
-                            continue
-                        at = min(deadlines[g] for g in open_)
-                        if at == math.inf:  # no deadline: no scope (one less per parked call)
-                            await self.lot.park()
-                        else:
-                            with trio.move_on_at(at):
-                                await self.lot.park()
-                finally:
-                    self.scopes.remove(scope)
-            missing = [g for g in pending if waiting[g] is None]
+            timeout = host.approval_timeout
+            until = math.inf if timeout is None else trio.current_time() + timeout
+            deadlines = _deadlines(pending)
+            # (No comprehension in here reads a local: that would keep a cell per parked
+            # wait.  The helpers below take what they need as arguments.)
+            while not (host.stopping() or self.pausing) and trio.current_time() < until:
+                open_ = _still_open(waiting, pending)
+                if not open_:
+                    break
+                at = until
+                if deadlines is not None:
+                    due, next_at = _due(deadlines, open_, trio.current_time())
+                    if due:
+                        await self._expire(host, due, until)
+                        continue
+                    at = min(at, next_at)
+                del open_
+                abort = _Parked(self.parked, trio.lowlevel.current_task())
+                if at == math.inf:  # no deadline: no scope (one less per parked call)
+                    await trio.lowlevel.wait_task_rescheduled(abort)
+                else:
+                    with trio.move_on_at(at):
+                        await trio.lowlevel.wait_task_rescheduled(abort)
+            missing = _still_open(waiting, pending)
             if missing:
-                if stopping():
+                if host.stopping():
                     raise StopRequested
                 if not self.pausing:  # the first to pause takes the others with it
                     self.pausing = True
-                    self.paused = [g for g, d in waiting.items() if d is None]
+                    self.paused = _still_open(waiting, waiting)
                     self.end_waits("paused: approval_timeout passed")
                 raise PauseRequested(missing)
-            return {g: d for g in pending if (d := waiting[g]) is not None}
+            return _ended(waiting, pending)
         finally:
             for gate_id in pending:
                 waiting.pop(gate_id, None)
+
+    async def _expire(self, host: GateHost, due: list[str], until: float) -> None:
+        """End the gates ``due`` ``expired`` in the store (unless an end came first), before
+        ``until``; a stop or a pause cuts it short."""
+        ends = [
+            ApprovalDecision(
+                invocation_id=host.invocation_id,
+                approval_id=gate_id,
+                approved=False,
+                state="expired",
+                reason="no one answered in time",
+            )
+            for gate_id in due
+        ]
+        with trio.move_on_at(until) as scope:
+            self.scopes = (*self.scopes, scope)
+            try:
+                for decision in await host.end_gates(ends):
+                    if self.waiting.get(decision.approval_id, decision) is None:
+                        self.waiting[decision.approval_id] = decision
+            finally:
+                self.scopes = tuple(s for s in self.scopes if s is not scope)
+
+
+class _Parked:
+    """A wait's task, parked in ``parked`` until :meth:`Gates._wake` reschedules it; called
+    when a cancel reaches it first (the abort function: smaller than a ``partial``)."""
+
+    __slots__ = ("parked", "task")
+
+    def __init__(self, parked: list[trio.lowlevel.Task], task: trio.lowlevel.Task) -> None:
+        parked.append(task)
+        self.parked = parked
+        self.task = task
+
+    def __call__(self, _: object) -> trio.lowlevel.Abort:
+        self.parked.remove(self.task)  # nothing else will wake it now
+        return trio.lowlevel.Abort.SUCCEEDED
+
+
+def _still_open(waiting: Mapping[str, ApprovalDecision | None], gates: Iterable[str]) -> list[str]:
+    """The gates of ``gates`` with no end yet."""
+    return [g for g in gates if waiting[g] is None]
+
+
+def _ended(
+    waiting: Mapping[str, ApprovalDecision | None], gates: Iterable[str]
+) -> dict[str, ApprovalDecision]:
+    return {g: d for g in gates if (d := waiting[g]) is not None}
+
+
+def _due(deadlines: Mapping[str, float], open_: list[str], now: float) -> tuple[list[str], float]:
+    """The gates of ``open_`` whose deadline passed, and the next deadline of any."""
+    return [g for g in open_ if deadlines[g] <= now], min(deadlines[g] for g in open_)
+
+
+def _deadlines(pending: Mapping[str, float | None]) -> dict[str, float] | None:
+    """Each gate's ``expires_at`` as trio time (``inf``: never); ``None`` if none expires."""
+    if all(at is None for at in pending.values()):
+        return None
+    offset = trio.current_time() - time.time()  # Unix time -> trio time
+    return {g: math.inf if at is None else at + offset for g, at in pending.items()}
 
 
 class GateHost(Protocol):
@@ -295,30 +366,6 @@ def _expires_at(host: GateHost, spec: GateSpec) -> float | None:
     return None if after is None else time.time() + after
 
 
-async def _wait(host: GateHost, pending: Mapping[str, float | None]) -> dict[str, ApprovalDecision]:
-    async def expire(ids: list[str]) -> list[ApprovalDecision]:
-        return await host.end_gates(
-            [
-                ApprovalDecision(
-                    invocation_id=host.invocation_id,
-                    approval_id=gate_id,
-                    approved=False,
-                    state="expired",
-                    reason="no one answered in time",
-                )
-                for gate_id in ids
-            ]
-        )
-
-    return await host.gates().wait(
-        pending,
-        earlier=await host.stored_decisions(),
-        timeout=host.approval_timeout,
-        stopping=host.stopping,
-        expire=expire,
-    )
-
-
 def _prefix(path: str) -> str:
     return f"{path}/" if path else ""
 
@@ -345,7 +392,10 @@ async def await_approvals(
         for e in journal
         if isinstance(e, ApprovalDecided)
     }
-    ids = {call.id: f"{_prefix(path)}{turn}:{call.id}" for call in calls}
+    prefix = f"{_prefix(path)}{turn}:"
+    ids: dict[str, str] = {}  # (loops, not comprehensions: no cells kept while parked)
+    for call in calls:
+        ids[call.id] = prefix + call.id
     pending: dict[str, float | None] = {}
     for call in calls:
         approval_id = ids[call.id]
@@ -367,7 +417,7 @@ async def await_approvals(
         )
         pending[approval_id] = expires_at
     if pending:
-        ends = await _wait(host, pending)
+        ends = await host.gates().wait(host, pending)
         for approval_id in pending:
             end = ends[approval_id]
             await host.record_gate(ApprovalDecided, turn=turn, **_end_fields("approval", end))
@@ -378,7 +428,10 @@ async def await_approvals(
                 state=end.state,
                 arguments=end.arguments if end.state == "approved" else None,
             )
-    return {call_id: answers[approval_id] for call_id, approval_id in ids.items()}
+    found: dict[str, ApprovalAnswer] = {}
+    for call_id, approval_id in ids.items():
+        found[call_id] = answers[approval_id]
+    return found
 
 
 def _result_of(call: ToolCall, state: str, result: str | None, is_error: bool) -> ToolResult:
@@ -421,7 +474,7 @@ async def await_result(
             description=spec.description,
             expires_at=expires_at,
         )
-    end = (await _wait(host, {request_id: expires_at}))[request_id]
+    end = (await host.gates().wait(host, {request_id: expires_at}))[request_id]
     fields = _end_fields("result", end)
     await host.record_gate(ResultSubmitted, turn=turn, **fields)
     return _result_of(call, end.state, fields["result"], fields["is_error"])
@@ -459,7 +512,7 @@ async def await_credential(
             scopes=tuple(scopes),
             expires_at=expires_at,
         )
-    end = (await _wait(host, {request_id: expires_at}))[request_id]
+    end = (await host.gates().wait(host, {request_id: expires_at}))[request_id]
     await host.record_gate(CredentialSubmitted, turn=turn, **_end_fields("credential", end))
     if end.state != "submitted":
         return None

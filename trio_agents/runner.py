@@ -3,7 +3,8 @@
 Who owns what
     A :class:`Runner` is a nursery with a registry.  ``async with Runner() as runner`` opens the
     store and two nurseries: one holds the invocations, one holds the runner's own background
-    tasks: the journal writer (one group commit for many invocations' writes), lease renewal
+    tasks: the journal writer (one group commit for many invocations' writes), the gate closer
+    (one store call for the gate ends of every invocation a cancel is ending), lease renewal
     (one store call per round for all invocations) and the watcher (one store call per wake
     for the cancel requests and approval decisions of all invocations running here).  Each
     invocation is one task in the first nursery running under its own ``trio.CancelScope``;
@@ -79,6 +80,7 @@ import trio
 
 from ._control import InvocationControl
 from ._exceptions import InvocationNotFound, UsageError
+from ._gate_closer import GateCloser
 from ._invocation import Invocation, InvocationEnv
 from ._outcome import Outcome
 from ._recorder import Recorder
@@ -197,6 +199,7 @@ class Runner(InvocationControl):
         # (the objects are kept, so an id is never reused while it is here).
         self._opened: dict[int, Model | AgentLike] = {}
         self.writer: JournalWriter | None = None
+        self.gate_closer: GateCloser | None = None
 
     @property
     def store(self) -> Store:
@@ -213,9 +216,11 @@ class Runner(InvocationControl):
                 store, commit_timeout=self.cleanup_timeout, flush_interval=self.flush_interval
             )
             self.writer = writer
+            closer = self.gate_closer = GateCloser(store, timeout=self.cleanup_timeout)
             self._env = InvocationEnv(
                 store=store,
                 writer=writer,
+                gate_closer=closer,
                 owner=self.owner,
                 lease_ttl=self.lease_ttl,
                 cleanup_timeout=self.cleanup_timeout,
@@ -228,15 +233,17 @@ class Runner(InvocationControl):
             )
             system = await stack.enter_async_context(trio.open_nursery())
             writer_scope = await system.start(writer.serve)
+            closer_scope = await system.start(closer.serve)
             system.start_soon(renew_leases, store, self._leaseholders, self.lease_ttl)
             system.start_soon(
                 watch_requests, store, self._active, self.cancel_poll_interval, self._loops
             )
             # Exits run in reverse: the invocations' nursery is left first (waiting for them),
-            # then the writer (shielded: it stores their endings) and the background tasks are
-            # cancelled, then the store is closed.
+            # then the writer and the gate closer (shielded: they store their endings) and the
+            # background tasks are cancelled, then the store is closed.
             stack.callback(system.cancel_scope.cancel)
             stack.callback(writer_scope.cancel)
+            stack.callback(closer_scope.cancel)
             # The models the invocations use are opened on first use and closed once every
             # invocation has ended.
             self._models = await stack.enter_async_context(AsyncExitStack())

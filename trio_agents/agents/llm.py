@@ -25,7 +25,7 @@ journaled, so the transcript, the results sent back, the gates and a resume all 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeAlias
 
 import attrs
@@ -109,6 +109,11 @@ def _as_tool(item: AnyTool | Callable[..., Any], agent: str) -> AnyTool:
     raise UsageError(f"agent {agent!r}: {item!r} is not a tool (decorate a function with @tool)")
 
 
+def _not_done(calls: Iterable[ToolCall], results: Mapping[str, ToolResult]) -> list[ToolCall]:
+    # A function, not a comprehension in run(): that would keep a cell per parked invocation.
+    return [c for c in calls if c.id not in results]
+
+
 class Agent:
     """An LLM agent: a model, instructions, and tools it may call.
 
@@ -181,9 +186,13 @@ class Agent:
             if last is not None:
                 if not last.tool_calls:
                     return last.text
-                missing = [c for c in last.tool_calls if c.id not in transcript.results]
+                missing = _not_done(last.tool_calls, transcript.results)
                 if missing:
-                    await self._run_tools(ctx, transcript, missing)
+                    # The approvals are awaited here, not in _run_tools: one frame less for
+                    # an invocation parked on them (it holds its whole chain of frames).
+                    asking = self._ask_approvals(ctx, transcript, missing)
+                    answers = await asking if asking is not None else {}
+                    await self._run_tools(ctx, transcript, missing, answers)
                 transcript.close_turn()
             ctx.check_stop()
             if transcript.turns >= self.max_turns:
@@ -215,12 +224,14 @@ class Agent:
         await ctx.record_turn(turn, response)
         transcript.add_turn(response.message, response.usage, turn=turn)
 
-    async def _run_tools(
+    def _ask_approvals(
         self, ctx: RunContext, transcript: Transcript, calls: list[ToolCall]
-    ) -> None:
-        # Calls that need a person's approval get it first, all of them, before any call of
-        # the turn runs: a wait that ends in a pause then leaves nothing half-done.  A call
-        # journaled as started was approved before.
+    ) -> Awaitable[Mapping[str, ApprovalAnswer]] | None:
+        """The wait for the approvals of ``calls`` that need one (``None`` if none does).
+
+        Calls that need a person's approval get it first, all of them, before any call of
+        the turn runs: a wait that ends in a pause then leaves nothing half-done.  A call
+        journaled as started was approved before."""
         gated = [
             c
             for c in calls
@@ -228,8 +239,18 @@ class Agent:
             and t.requires_approval
             and c.id not in transcript.intents
         ]
+        if not gated:
+            return None
         specs = {c.id: self._spec(c) for c in gated}
-        answers = await ctx.await_approvals(transcript.turns, gated, specs) if gated else {}
+        return ctx.await_approvals(transcript.turns, gated, specs)
+
+    async def _run_tools(
+        self,
+        ctx: RunContext,
+        transcript: Transcript,
+        calls: list[ToolCall],
+        answers: Mapping[str, ApprovalAnswer],
+    ) -> None:
         async with trio.open_nursery() as nursery:
             for call in calls:
                 nursery.start_soon(self._run_one, ctx, transcript, call, answers.get(call.id))

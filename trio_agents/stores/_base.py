@@ -76,6 +76,7 @@ __all__ = [
     "InvocationStatus",
     "JournalWrite",
     "Lease",
+    "Requests",
     "Session",
     "SessionEntry",
     "Store",
@@ -181,6 +182,24 @@ class ApprovalDecision:
     @state.default
     def _state_from_approved(self) -> GateState:
         return "approved" if self.approved else "denied"
+
+
+def _cancels(found: Iterable[CancelRequest]) -> tuple[CancelRequest, ...]:
+    return tuple(found)
+
+
+def _decisions(found: Iterable[ApprovalDecision]) -> tuple[ApprovalDecision, ...]:
+    return tuple(found)
+
+
+@attrs.frozen(kw_only=True)
+class Requests:
+    """What a runner's watcher reads in one wake (:meth:`Store.requests_for`): the pending
+    cancel requests of the invocations it runs, and the gate ends recorded for those of them
+    parked on a gate."""
+
+    cancels: tuple[CancelRequest, ...] = attrs.field(default=(), converter=_cancels)
+    decisions: tuple[ApprovalDecision, ...] = attrs.field(default=(), converter=_decisions)
 
 
 @attrs.frozen(kw_only=True)
@@ -466,14 +485,24 @@ class Store(BatchStore, Protocol):
         order given, each group oldest first (``decided_at``, then ``approval_id``)."""
         ...
 
+    async def requests_for(
+        self, invocation_ids: Sequence[str], parked_ids: Sequence[str]
+    ) -> Requests:
+        """The watcher's read, in one call (one transaction where the store has them): the
+        pending cancel requests of ``invocation_ids`` (as :meth:`cancel_requests`) and the
+        decisions of ``parked_ids`` (as :meth:`decisions_for`), both as of the same moment.
+        Either list may be empty; unknown ids have none."""
+        ...
+
     # `timeout` is the longest a caller goes without re-polling (a store that cannot be woken
     # simply sleeps it), not a deadline to give up at: returning after it is the normal outcome.
     async def wait_for_requests(self, *, timeout: float) -> None:  # noqa: ASYNC109
         """Return when a cancel request or an approval decision may have arrived, else after
         ``timeout`` seconds.
 
-        The owner of running invocations loops: read :meth:`cancel_requests` (and
-        :meth:`decisions` of invocations waiting for one), act on them, then wait here.
+        The owner of running invocations loops: read :meth:`requests_for` (the cancel
+        requests, and the decisions of invocations waiting for one), act on them, then wait
+        here.
         Wakeups may be spurious and a store may simply sleep (SQLite), so always re-read after
         this returns.  Where the store can tell (memory, PostgreSQL), a request made since the
         previous wait returned wakes the next wait at once.  On cancel the wait ends at once

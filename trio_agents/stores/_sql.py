@@ -28,7 +28,14 @@ import attrs
 
 from .._exceptions import CorruptRecordError, InvocationNotFound, LeaseError, StoreError, UsageError
 from ..events import CANCEL_MODES, GATE_STATES
-from ._base import ApprovalDecision, CancelRequest, InvocationRecord, InvocationStatus, Lease
+from ._base import (
+    ApprovalDecision,
+    CancelRequest,
+    InvocationRecord,
+    InvocationStatus,
+    Lease,
+    Requests,
+)
 from ._records import lease_held, lease_taken, merge_cancel
 from ._sql_sessions import claim_session
 from ._sql_tx import Tx as Tx
@@ -511,6 +518,14 @@ def decisions(tx: Tx, invocation_id: str) -> list[ApprovalDecision]:
         (invocation_id,),
     )
     return [_decision(row) for row in rows]
+
+
+def requests_for(tx: Tx, invocation_ids: Sequence[str], parked_ids: Sequence[str]) -> Requests:
+    """Both reads of a watcher's wake, in ``tx`` (one transaction: one moment)."""
+    return Requests(
+        cancels=cancel_requests(tx, invocation_ids) if invocation_ids else (),
+        decisions=decisions_for(tx, parked_ids) if parked_ids else (),
+    )
 
 
 def decisions_for(tx: Tx, invocation_ids: Sequence[str]) -> list[ApprovalDecision]:

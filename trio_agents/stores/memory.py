@@ -37,6 +37,7 @@ from ._base import (
     InvocationStatus,
     JournalWrite,
     Lease,
+    Requests,
     Session,
     SessionEntry,
 )
@@ -424,13 +425,26 @@ class MemoryStore(MemoryBatches):
 
     async def decisions_for(self, invocation_ids: Sequence[str]) -> list[ApprovalDecision]:
         await trio.lowlevel.checkpoint()
+        return self._decisions_of(invocation_ids)
+
+    def _decisions_of(self, invocation_ids: Sequence[str]) -> list[ApprovalDecision]:
         return [
             d
             for i in dict.fromkeys(invocation_ids)
+            if i in self._decisions
             for d in sorted(
-                self._decisions.get(i, {}).values(), key=lambda d: (d.decided_at, d.approval_id)
+                self._decisions[i].values(), key=lambda d: (d.decided_at, d.approval_id)
             )
         ]
+
+    async def requests_for(
+        self, invocation_ids: Sequence[str], parked_ids: Sequence[str]
+    ) -> Requests:
+        await trio.lowlevel.checkpoint()
+        return Requests(
+            cancels=[self._cancels[i] for i in invocation_ids if i in self._cancels],
+            decisions=self._decisions_of(parked_ids),
+        )
 
     # `timeout` is the longest a caller goes without re-polling (a store that cannot be woken
     # simply sleeps it), not a deadline to give up at: returning after it is the normal outcome.

@@ -63,6 +63,7 @@ from ._base import (
     InvocationStatus,
     JournalWrite,
     Lease,
+    Requests,
     Session,
     SessionEntry,
 )
@@ -453,6 +454,15 @@ class PostgresStore(SQLBatches):
 
     async def decisions_for(self, invocation_ids: Sequence[str]) -> list[ApprovalDecision]:
         return await self._run(partial(_sql.decisions_for, invocation_ids=list(invocation_ids)))
+
+    async def requests_for(
+        self, invocation_ids: Sequence[str], parked_ids: Sequence[str]
+    ) -> Requests:
+        return await self._run(
+            partial(
+                _sql.requests_for, invocation_ids=list(invocation_ids), parked_ids=list(parked_ids)
+            )
+        )
 
     async def create_session(
         self,

@@ -94,6 +94,7 @@ from ._base import (
     InvocationStatus,
     JournalWrite,
     Lease,
+    Requests,
     Session,
     SessionEntry,
 )
@@ -622,6 +623,17 @@ class SQLiteStore(SQLBatches):
             partial(_sql.decisions_for, invocation_ids=list(invocation_ids)),
             write=False,
             rows=len(invocation_ids),
+        )
+
+    async def requests_for(
+        self, invocation_ids: Sequence[str], parked_ids: Sequence[str]
+    ) -> Requests:
+        return await self._run(
+            partial(
+                _sql.requests_for, invocation_ids=list(invocation_ids), parked_ids=list(parked_ids)
+            ),
+            write=False,
+            rows=len(invocation_ids) + len(parked_ids),
         )
 
     # See Store.wait_for_requests: `timeout` is a poll interval, not a deadline.
