@@ -1,10 +1,14 @@
 """Gate ends batched across invocations (trio_agents._gate_closer): a cancel of many parked
 invocations records their ``cancelled`` ends in a few store calls, with every guarantee of one
 call each - first write wins, ``cleanup_timeout`` per invocation, a store error leaves only its
-own invocation's gates open, the ends journaled with the terminal event."""
+own invocation's gates open, the ends journaled with the terminal event.
+
+The randomized test runs ``TRIO_AGENTS_FUZZ`` / 30 seeds (default 8; ``nox -s fuzz`` runs the
+nightly size)."""
 
 from __future__ import annotations
 
+import os
 import random
 from collections import Counter
 from collections.abc import Sequence
@@ -25,6 +29,8 @@ from trio_agents.stores import ApprovalDecision, MemoryStore, Store
 from trio_agents.tools import tool
 
 from ._helpers import terminal_events
+
+SEEDS = max(int(os.environ.get("TRIO_AGENTS_FUZZ", "240")) // 30, 1)
 
 
 class GateStore(MemoryStore):
@@ -243,7 +249,7 @@ async def test_a_slow_store_costs_each_invocation_at_most_cleanup_timeout(
     assert [o.reason for o in outcomes] == ["stop"] * 8 + ["later"] * 4
 
 
-@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("seed", range(SEEDS))
 async def test_random_cancels_decisions_and_store_failures(
     seed: int, autojump_clock: trio.abc.Clock
 ) -> None:
