@@ -23,6 +23,8 @@ What it showed (2-core AMD EPYC VM, 500 streams, two runs each): per token, Pyth
 (1.19-1.20x); coalesced, 1.28x and RSS 1.24x.  Framing barely matters to a parked stream.  Both
 sides in one process, as this benchmark used to measure them, gave RSS 63.6 KiB bare (tracemalloc
 running) and 14.5 KiB trio_agents (measured second, in memory bare had freed): meaningless.
+After the streamed turn became one object and a parked invocation lost a few frames: 30.8 KiB
+trio_agents vs 27.1 KiB bare (1.14x), RSS 33.4 vs 30.8 KiB (1.08x).
 
 Run: ``python -m benchmarks.memory`` (``--n N``, ``--coalesced``).
 """

@@ -28,7 +28,9 @@ with the memory store.  The runner's watcher wakes every ``POLL`` seconds.  Figu
   per wake, not one per parked invocation.  Shown with the wake's time (the watcher also
   scans its registry in Python).
 
-``--top K`` also prints the ``K`` largest ``tracemalloc`` entries (by line) per parked
+``--cleanup-timeout S`` runs the runner with that ``cleanup_timeout`` (default: the runner's,
+5 s; at 100,000 the teardown outlasts it).  ``--top K`` also prints the ``K`` largest
+``tracemalloc`` entries (by line) per parked
 invocation.  Exits 1 if the watcher's calls per wake are not constant or do not cover all, if the
 teardown made more than one ``end_gates`` call per 100 invocations, or if an ending differs.
 
@@ -127,11 +129,12 @@ async def floor(n: int) -> float:
         return time.perf_counter() - begun
 
 
-async def measure(n: int, top: int) -> dict[str, Any]:
+async def measure(n: int, top: int, cleanup: float | None = None) -> dict[str, Any]:
     proxy = CountingStore(MemoryStore())
     agent = parking_agent()
     out: dict[str, Any] = {}
-    async with ta.Runner(store=proxy, cancel_poll_interval=POLL) as runner:
+    kw: dict[str, Any] = {} if cleanup is None else {"cleanup_timeout": cleanup}
+    async with ta.Runner(store=proxy, cancel_poll_interval=POLL, **kw) as runner:
         warm = await runner.start(agent, "warm up")  # imports, the model opened, caches
         await trio.testing.wait_all_tasks_blocked(0.01)
         runner.cancel_all(reason="warm-up")
@@ -200,19 +203,22 @@ async def measure(n: int, top: int) -> dict[str, Any]:
     return out
 
 
-def child(n: int, trace: bool, top: int, bare: bool) -> None:
+def child(n: int, trace: bool, top: int, bare: bool, cleanup: float | None = None) -> None:
     """One measurement in this (fresh) process; prints its figures as JSON."""
     if bare:
         print(json.dumps({"floor_s": trio.run(floor, n)}))
         return
     if trace:
         tracemalloc.start()
-    print(json.dumps(trio.run(measure, n, top if trace else 0)))
+    print(json.dumps(trio.run(measure, n, top if trace else 0, cleanup)))
 
 
-def run_child(n: int, trace: bool, top: int, bare: bool = False) -> dict[str, Any]:
+def run_child(
+    n: int, trace: bool, top: int, bare: bool = False, cleanup: float | None = None
+) -> dict[str, Any]:
     command = [sys.executable, "-m", "benchmarks.parked", "--n", str(n), "--child"]
     command += ["--trace", "--top", str(top)] if trace else []
+    command += ["--cleanup-timeout", str(cleanup)] if cleanup is not None else []
     command += ["--bare"] if bare else []
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -226,16 +232,19 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=100_000)
     parser.add_argument("--quick", action="store_true", help="a smoke run: 200 invocations")
     parser.add_argument("--top", type=int, default=0, help="print the K largest memory entries")
+    parser.add_argument(
+        "--cleanup-timeout", type=float, default=None, help="the runner's cleanup_timeout"
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--trace", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     n = 200 if args.quick else args.n
     if args.child:
-        child(n, args.trace, args.top, args.bare)
+        child(n, args.trace, args.top, args.bare, args.cleanup_timeout)
         return 0
-    r = run_child(n, False, 0)  # RSS and every time: no tracemalloc
-    t = run_child(n, True, args.top)  # Python memory
+    r = run_child(n, False, 0, cleanup=args.cleanup_timeout)  # RSS and every time: no tracemalloc
+    t = run_child(n, True, args.top, cleanup=args.cleanup_timeout)  # Python memory
     bare = run_child(n, False, 0, bare=True)
     print(f"parked: {n} invocations on hot approval gates, memory store ({machine()})")
     print(
