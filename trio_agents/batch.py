@@ -184,8 +184,9 @@ class Batch:
         """Wait until no job of the batch is queued or running (in any process), or the batch
         was cancelled and no job runs here; return the final progress."""
         while True:
-            # Here first, then the store: an ending stored meanwhile is in what is read.
-            here = self._pump.claims or self._pump.pending
+            # Here first, then the store: an ending stored meanwhile is in what is read.  (A
+            # bool, taken now: the claims change while the store is read.)
+            here = bool(self._pump.claims) or self._pump.pending
             if here and self._pump.batch_id is not None and not self._pump.stopped:
                 # Jobs run here: not done yet.  (The watcher keeps progress() fresh.)
                 await self._pump.wait_ended(self._pump.poll_interval)
