@@ -8,6 +8,7 @@ nightly size)."""
 
 from __future__ import annotations
 
+import math
 import os
 import random
 from collections import Counter
@@ -18,10 +19,12 @@ import pytest
 import trio
 import trio.testing
 
+import trio_agents.runner
 from trio_agents import GateClosed, InvocationNotFound, StoreError, StoreUnavailableError
 from trio_agents._gate_closer import GateCloser
 from trio_agents.agents import Agent
 from trio_agents.events import ApprovalDecided, ApprovalRequested, Event
+from trio_agents.hooks import Hooks, InvocationInfo
 from trio_agents.messages import ModelRequest, ToolCall, ToolResultMessage
 from trio_agents.models import ScriptedModel, ScriptedTurn
 from trio_agents.runner import Invocation, Outcome, Runner
@@ -399,3 +402,98 @@ async def test_callers_still_waiting_when_the_closer_stops_get_an_error(
         scope.cancel()
     assert sorted(e.split(":")[0] for e in errors) == ["a", "b"]  # a in flight, b queued
     assert all("closed" in e for e in errors)
+
+
+class TimedEnds:
+    """A store whose ``end_gates`` takes ``seconds`` (``math.inf``: never answers)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.recorded: list[str] = []
+
+    async def end_gates(self, ends: Sequence[ApprovalDecision]) -> list[ApprovalDecision]:
+        await trio.sleep(self.seconds)
+        self.recorded += [e.invocation_id for e in ends]
+        return list(ends)
+
+
+async def ask_all(closer: GateCloser, n: int) -> dict[str, tuple[float, BaseException | None]]:
+    """``n`` invocations ask at once; each one's fate and the trio time it learned it."""
+    fates: dict[str, tuple[float, BaseException | None]] = {}
+
+    async def one(k: int) -> None:
+        end = ApprovalDecision(
+            invocation_id=f"inv-{k}", approval_id="1:c0", approved=False, state="cancelled"
+        )
+        try:
+            await closer.end([end])
+        except StoreError as exc:
+            fates[end.invocation_id] = (trio.current_time(), exc)
+        else:
+            fates[end.invocation_id] = (trio.current_time(), None)
+
+    async with trio.open_nursery() as nursery:
+        scope = await nursery.start(closer.serve)
+        async with trio.open_nursery() as askers:
+            for k in range(n):
+                askers.start_soon(one, k)
+        scope.cancel()
+    return fates
+
+
+async def test_a_busy_closer_answers_callers_past_their_deadline(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """Each call takes 1 s and carries one invocation's ends; ten ask at once with a 2 s
+    deadline.  The store answers every call, so the closer is busy, not stalled: every end
+    is recorded, the last after 10 s."""
+    store = TimedEnds(1.0)
+    closer = GateCloser(cast(Store, store), timeout=2.0, max_batch=1)
+    fates = await ask_all(closer, 10)
+    assert {k: error for k, (_, error) in fates.items()} == {f"inv-{k}": None for k in range(10)}
+    assert sorted(store.recorded) == sorted(fates)
+    assert max(at for at, _ in fates.values()) == pytest.approx(10.0)
+
+
+async def test_a_stalled_store_fails_every_caller_at_its_deadline(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """The store never answers: the first call is cut off at ``timeout``, and every caller
+    (all asked at once) gets StoreUnavailableError then."""
+    closer = GateCloser(cast(Store, TimedEnds(math.inf)), timeout=2.0, max_batch=1)
+    fates = await ask_all(closer, 5)
+    assert all(isinstance(error, StoreUnavailableError) for _, error in fates.values())
+    assert [at for at, _ in fates.values()] == [pytest.approx(2.0)] * 5
+
+
+async def test_a_mass_cancel_stores_its_endings_a_bounded_number_at_a_time(
+    autojump_clock: trio.abc.Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancel of many invocations ends them in turns: never more than the runner's bound
+    store their endings at once (so each scheduler pass stays short), and every one ends,
+    its ending stored and its gate closed.  Seen from the ``on_invocation_end`` hook, which
+    runs inside the ending and here takes 1 s."""
+    monkeypatch.setattr(trio_agents.runner, "ENDINGS_AT_ONCE", 8)
+    now = most = 0
+
+    class Slow(Hooks):
+        async def on_invocation_end(self, inv: InvocationInfo, outcome: Outcome) -> None:
+            nonlocal now, most
+            now += 1
+            most = max(most, now)
+            await trio.sleep(1)
+            now -= 1
+
+    store = GateStore()
+    async with Runner(store=store, hooks=[Slow()]) as runner:
+        invs = await park(runner, parking_agent(), 40)
+        begun = trio.current_time()
+        runner.cancel_all(reason="stop")
+        outcomes = await wait_all(invs)
+        took = trio.current_time() - begun
+    assert most == 8
+    assert took == pytest.approx(5.0, abs=0.1)  # 40 endings, 8 at a time, 1 s each
+    assert {(o.status, o.gates["1:c0"], o.store_error) for o in outcomes} == {
+        ("cancelled", "cancelled", None)
+    }
+    await check_agreement(store, invs)

@@ -21,14 +21,20 @@ What it does
     the batch gets the error.  An invocation that gets an error leaves its gates open.
 
 Deadlines
-    Each caller is answered within ``timeout`` (the runner's ``cleanup_timeout``) of asking.
+    Each caller's deadline is ``timeout`` (the runner's ``cleanup_timeout``) after it asked.
+    It is kept when the store is stalled (its last call did not answer within ``timeout``);
+    otherwise a caller past it waits its turn (in a busy process - 100,000 invocations ending
+    at once - the task reaches most callers after their deadline, with a store that answers,
+    and failing them would leave gates open that a moment later would have been closed).
     The task keeps the deadlines, so a caller waits with no cancel scope or event of its own
-    (thousands wait at once, in a teardown): a call is cut off at the earliest deadline of
-    its batch; the callers whose deadline passed get
-    :class:`~trio_agents.StoreUnavailableError`, the others' ends are sent again (an end is
-    recorded once whatever happens: sending it again returns the end that stands).  Callers
-    ask in deadline order (one ``timeout`` for all), so no caller waiting in the queue has a
-    deadline before the call in flight is cut off.
+    (thousands wait at once, in a teardown).  While the store answers, each call may take
+    ``timeout``; a call cut off there fails the callers whose deadline passed with
+    :class:`~trio_agents.StoreUnavailableError` and sends the others' ends again (an end is
+    recorded once whatever happens: sending it again returns the end that stands).  When the
+    store is stalled, a caller found past its deadline gets the same error without a call,
+    and a call is cut off at the earliest deadline of its batch (callers ask in deadline
+    order, one ``timeout`` for all, so no caller waiting in the queue has an earlier one):
+    each caller is then answered by its deadline.
 
 What happens on cancel
     A caller that is cancelled (it asks from a shielded scope, so rarely) withdraws its ends:
@@ -111,13 +117,14 @@ class GateCloser:
         self.max_batch = max_batch
         self._queue: deque[_Ask] = deque()
         self._taken: list[_Ask] = []  # the batch being recorded
+        self._stalled = False  # the last call did not answer within timeout
         self._wake = trio.Event()
         self.calls = 0  # statistics: end_gates calls made
 
     async def end(self, ends: Sequence[ApprovalDecision]) -> list[ApprovalDecision]:
         """Record ``ends`` (first write wins) and return the end that stands for each, in
         order.  Raises :class:`~trio_agents.StoreError` if they could not be recorded -
-        :class:`~trio_agents.StoreUnavailableError` if not within ``timeout``.  On cancel
+        :class:`~trio_agents.StoreUnavailableError` if not in time (see Deadlines).  On cancel
         the ends are withdrawn (see the module docstring)."""
         ask = _Ask(ends, trio.current_time() + self.timeout)
         self._queue.append(ask)
@@ -147,17 +154,21 @@ class GateCloser:
     async def _record_once(self) -> None:
         asks = self._taken = []
         now = trio.current_time()
+        stalled = self._stalled  # else (busy, or nothing tried yet) late callers wait on
         while self._queue and len(asks) < self.max_batch:
             ask = self._queue.popleft()
             if ask.withdrawn:
                 continue
-            if ask.deadline <= now:
+            if ask.deadline <= now and stalled:
                 ask.answer(StoreUnavailableError(_LATE))
             else:
                 asks.append(ask)
         if not asks:
             return
-        result = await self._call([end for ask in asks for end in ask.ends], asks[0].deadline)
+        ends = [end for ask in asks for end in ask.ends]
+        # A store that has not answered lately gets until the first caller's deadline; one
+        # that answers, ``timeout`` for this call.
+        result = await self._call(ends, asks[0].deadline if stalled else now + self.timeout)
         if result is None:  # cut off at the first deadline: the others try again
             now = trio.current_time()
             for ask in reversed(asks):
@@ -176,7 +187,7 @@ class GateCloser:
         else:  # one of them may be at fault: each on its own, so it fails only itself
             for ask in asks:
                 if not ask.withdrawn:
-                    alone = await self._call(ask.ends, ask.deadline)
+                    alone = await self._call(ask.ends, trio.current_time() + self.timeout)
                     ask.answer(StoreUnavailableError(_LATE) if alone is None else alone)
         self._taken = []
 
@@ -189,12 +200,18 @@ class GateCloser:
         with trio.move_on_at(deadline):
             try:
                 standing = await self._store.end_gates(ends)
-            except StoreError as exc:
+            except StoreUnavailableError as exc:
+                self._stalled = True
+                return exc
+            except StoreError as exc:  # a refusal: the store answered
+                self._stalled = False
                 return exc
             except Exception as exc:  # a bug in a store must not strand every caller
                 logger.exception("the store's end_gates failed")
                 return StoreError(f"the store's end_gates failed: {type(exc).__name__}: {exc}")
+            self._stalled = False
             if len(standing) != len(ends):
                 return StoreError(f"end_gates answered {len(standing)} ends for {len(ends)}")
             return standing
+        self._stalled = True
         return None

@@ -111,6 +111,7 @@ class InvocationEnv:
     log_limit: int
     poll_interval: float
     forget: Callable[[Invocation], None]
+    endings: trio.Semaphore  # turns to store an ending: a few hundred at once (see _run)
     hooks: HookSet | None = None
     approval_expires_after: float | None = None
 
@@ -454,7 +455,20 @@ class Invocation:
                 if self._reason is None:
                     self._reason = "shutdown"
             with trio.CancelScope(shield=True):
-                await self._finish(status, output, error, pending)
+                # A cancel of 100,000 invocations ends them all at once: without a bound,
+                # every scheduler pass would run 100,000 endings, take longer than the
+                # store's timeouts, and the store's answers would come too late to count.
+                # In turn, a few hundred at a time, each pass stays short.  (No checkpoint
+                # when a turn is free: one ending alone does not wait.)
+                endings = self._env.endings
+                try:
+                    endings.acquire_nowait()
+                except trio.WouldBlock:
+                    await endings.acquire()
+                try:
+                    await self._finish(status, output, error, pending)
+                finally:
+                    endings.release()
 
     async def _open(self, with_write: JournalWrite | None = None) -> None:
         """Make the invocation durable (see the module docstring); raise if it cannot be.

@@ -102,6 +102,8 @@ __all__ = ["CancelMode", "EventStream", "Invocation", "Outcome", "Runner", "Turn
 
 logger = logging.getLogger("trio_agents.runner")
 
+ENDINGS_AT_ONCE = 1024  # invocations storing their endings at once (see Invocation._run)
+
 
 class Runner(InvocationControl):
     """Runs agents; owns their invocations.  Use as ``async with Runner(...) as runner``.
@@ -221,6 +223,7 @@ class Runner(InvocationControl):
                 store=store,
                 writer=writer,
                 gate_closer=closer,
+                endings=trio.Semaphore(ENDINGS_AT_ONCE),
                 owner=self.owner,
                 lease_ttl=self.lease_ttl,
                 cleanup_timeout=self.cleanup_timeout,
