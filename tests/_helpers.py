@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import Any
+
 import trio
 
 from trio_agents.events import Event, InvocationEnded
@@ -23,3 +26,35 @@ def live_task_names() -> list[str]:
 
 def terminal_events(events: list[Event]) -> list[InvocationEnded]:
     return [e for e in events if isinstance(e, InvocationEnded)]
+
+
+Fates = dict[str, tuple[float, BaseException | None]]
+
+
+async def fates_of_calls(
+    serve: Callable[..., Awaitable[Any]],
+    n: int,
+    call: Callable[[int], Awaitable[object]],
+    errors: type[BaseException],
+) -> Fates:
+    """Start the service ``serve`` (it hands its cancel scope to ``task_status``), make ``n``
+    calls at once (``call(k)`` for ``k`` in ``range(n)``), then stop it.  Returns, for each
+    ``"inv-{k}"``, the trio time its call ended and its error (one of ``errors``), or ``None``."""
+    fates: Fates = {}
+
+    async def one(k: int) -> None:
+        key = f"inv-{k}"
+        try:
+            await call(k)
+        except errors as exc:
+            fates[key] = (trio.current_time(), exc)
+        else:
+            fates[key] = (trio.current_time(), None)
+
+    async with trio.open_nursery() as nursery:
+        scope = await nursery.start(serve)
+        async with trio.open_nursery() as callers:
+            for k in range(n):
+                callers.start_soon(one, k)
+        scope.cancel()
+    return fates

@@ -31,7 +31,7 @@ from trio_agents.runner import Invocation, Outcome, Runner
 from trio_agents.stores import ApprovalDecision, MemoryStore, Store
 from trio_agents.tools import tool
 
-from ._helpers import terminal_events
+from ._helpers import Fates, fates_of_calls, terminal_events
 
 SEEDS = max(int(os.environ.get("TRIO_AGENTS_FUZZ", "240")) // 30, 1)
 
@@ -417,28 +417,16 @@ class TimedEnds:
         return list(ends)
 
 
-async def ask_all(closer: GateCloser, n: int) -> dict[str, tuple[float, BaseException | None]]:
+async def ask_all(closer: GateCloser, n: int) -> Fates:
     """``n`` invocations ask at once; each one's fate and the trio time it learned it."""
-    fates: dict[str, tuple[float, BaseException | None]] = {}
 
     async def one(k: int) -> None:
         end = ApprovalDecision(
             invocation_id=f"inv-{k}", approval_id="1:c0", approved=False, state="cancelled"
         )
-        try:
-            await closer.end([end])
-        except StoreError as exc:
-            fates[end.invocation_id] = (trio.current_time(), exc)
-        else:
-            fates[end.invocation_id] = (trio.current_time(), None)
+        await closer.end([end])
 
-    async with trio.open_nursery() as nursery:
-        scope = await nursery.start(closer.serve)
-        async with trio.open_nursery() as askers:
-            for k in range(n):
-                askers.start_soon(one, k)
-        scope.cancel()
-    return fates
+    return await fates_of_calls(closer.serve, n, one, StoreError)
 
 
 async def test_a_busy_closer_answers_callers_past_their_deadline(

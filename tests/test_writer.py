@@ -14,6 +14,8 @@ from trio_agents import StoreUnavailableError
 from trio_agents._writer import CommitUncertain, JournalWriter
 from trio_agents.stores import JournalWrite, Lease
 
+from ._helpers import Fates, fates_of_calls
+
 
 def write(n: int) -> JournalWrite:
     return JournalWrite(lease=Lease(invocation_id=f"inv-{n}", owner="me", epoch=1, expires_at=0.0))
@@ -38,28 +40,13 @@ class TimedStore:
         return [None] * len(writes)
 
 
-async def write_all(
-    writer: JournalWriter, n: int, deadline_in: float
-) -> dict[str, tuple[float, BaseException | None]]:
-    """Queue ``n`` writes at once behind one that is being committed; each waiter's fate
-    and the trio time it learned it."""
-    fates: dict[str, tuple[float, BaseException | None]] = {}
+async def write_all(writer: JournalWriter, n: int, deadline_in: float) -> Fates:
+    """Queue ``n`` writes at once; each waiter's fate and the trio time it learned it."""
 
     async def one(k: int) -> None:
-        try:
-            await writer.write(write(k), deadline=trio.current_time() + deadline_in)
-        except StoreUnavailableError as exc:
-            fates[f"inv-{k}"] = (trio.current_time(), exc)
-        else:
-            fates[f"inv-{k}"] = (trio.current_time(), None)
+        await writer.write(write(k), deadline=trio.current_time() + deadline_in)
 
-    async with trio.open_nursery() as nursery:
-        writer_scope = await nursery.start(writer.serve)
-        async with trio.open_nursery() as writers:
-            for k in range(n):
-                writers.start_soon(one, k)
-        writer_scope.cancel()
-    return fates
+    return await fates_of_calls(writer.serve, n, one, StoreUnavailableError)
 
 
 async def test_a_busy_writer_keeps_queued_writes_past_their_deadline(
