@@ -111,7 +111,7 @@ class InvocationEnv:
     log_limit: int
     poll_interval: float
     forget: Callable[[Invocation], None]
-    endings: trio.Semaphore  # turns to store an ending: a few hundred at once (see _run)
+    endings: trio.Semaphore  # turns to store an ending (runner.ENDINGS_AT_ONCE; see _run)
     hooks: HookSet | None = None
     approval_expires_after: float | None = None
 
@@ -458,8 +458,8 @@ class Invocation:
                 # A cancel of 100,000 invocations ends them all at once: without a bound,
                 # every scheduler pass would run 100,000 endings, take longer than the
                 # store's timeouts, and the store's answers would come too late to count.
-                # In turn, a few hundred at a time, each pass stays short.  (No checkpoint
-                # when a turn is free: one ending alone does not wait.)
+                # In turns, up to the runner's ENDINGS_AT_ONCE at a time, each pass stays
+                # short.  (No checkpoint when a turn is free: one ending alone does not wait.)
                 endings = self._env.endings
                 try:
                     endings.acquire_nowait()
@@ -552,10 +552,10 @@ class Invocation:
 
     async def _close_gates(self, reason: str | None) -> list[tuple[type[Any], dict[str, Any]]]:
         """A cancel ends every open gate ``cancelled``: recorded in the store (first write
-        wins: a decision that came first stands) within ``cleanup_timeout``, together with
-        the gate ends of every invocation closing at the same moment (see
-        :mod:`._gate_closer`), then journaled with the terminal event.  If the store cannot
-        record them in time, the gates stay open."""
+        wins: a decision that came first stands), together with the gate ends of every
+        invocation closing at the same moment, within ``cleanup_timeout`` unless the store
+        answers but is busy (see :mod:`._gate_closer`), then journaled with the terminal
+        event.  If the store cannot record them in time, the gates stay open."""
         ends = approvals.cancelled_ends(
             self.id, self._gate_tally, reason=reason, by=self._cancelled_by
         )
