@@ -15,12 +15,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
+
 from .._exceptions import InvocationNotFound, StoreError, UsageError
 from ..events import Event, EventId, encode
 from ._base import (
     CommitResult,
     InvocationRecord,
-    InvocationStatus,
     JournalWrite,
     Lease,
     SessionEntry,
@@ -77,22 +78,9 @@ def create_invocation(
     )
     # The new row is checked and written with its first events in one INSERT: there is
     # nothing to fence (the row is new) and no head to move afterwards.
-    write = fresh = None
-    head: EventId = (0, 0)
-    status: InvocationStatus = "running"
-    owner: str | None = record.owner
-    if events or session_entry is not None:
-        write = JournalWrite(lease=lease, events=tuple(events), session_entry=session_entry)
-        fresh = InvocationRecord(
-            id=record.id,
-            agent=record.agent,
-            input=record.input,
-            user_id=record.user_id,
-            session_id=record.session_id,
-            owner=record.owner,
-            lease_epoch=1,
-        )
-        head, status, owner = check_write(fresh, write)
+    fresh = attrs.evolve(record, status="running", lease_epoch=1, last_seq=0, last_sub=0)
+    write = JournalWrite(lease=lease, events=tuple(events), session_entry=session_entry)
+    head, status, owner = check_write(fresh, write)
     inserted = tx.run(
         _INSERT,
         (
@@ -112,8 +100,7 @@ def create_invocation(
     )
     if inserted == 0:
         raise UsageError(f"an invocation with id {record.id!r} exists already")
-    if write is not None and fresh is not None:
-        _store(tx, write, fresh)
+    _store(tx, write, fresh)
     if with_write is not None:
         _apply(tx, with_write)  # raises: the whole transaction rolls back
     return lease
