@@ -22,6 +22,8 @@ with the memory store.  The runner's watcher wakes every ``POLL`` seconds.  Figu
   reason, its gate ``cancelled``, its ending stored (no ``store_error``); the gates' ends
   go to the store together (a few ``end_gates`` calls, not one per invocation).  Then
   close - leaving the runner's block.
+  Python's garbage collections during the teardown are timed (``gc.callbacks``): how much
+  of it the collector took, and how many full passes over the heap.
 * watcher - the store (a counting wrapper: a counter per method, no per-call record) is
   asked, between two consecutive ``wait_for_requests``, ``requests_for`` once, for all ``n``
   ids (the cancel requests of all, the decisions of all parked) and nothing else: one query
@@ -92,6 +94,33 @@ class CountingStore:
         return counted
 
 
+class Collections:
+    """Python's garbage collections while ``on``: how many full (oldest-generation) passes and
+    their seconds, and all passes' seconds (``gc.callbacks``)."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.full = 0
+        self.full_s = self.all_s = 0.0
+        self._begun = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if not self.on:
+            return
+        if phase == "start":
+            self._begun = time.perf_counter()
+            return
+        took = time.perf_counter() - self._begun
+        self.all_s += took
+        if info["generation"] == 2:
+            self.full += 1
+            self.full_s += took
+
+    def figures(self) -> dict[str, float]:
+        return {"gc_full": self.full, "gc_full_s": self.full_s, "gc_all_s": self.all_s}
+
+
 def rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -103,7 +132,7 @@ def snapshot() -> tuple[int, int]:
     return traced, rss()
 
 
-async def floor(n: int) -> float:
+async def floor(n: int) -> dict[str, float]:
     """Bare trio, for scale: ``n`` tasks, each parked in a cancel scope of its own; seconds
     from cancelling every scope until the last task exited."""
     count = 0
@@ -118,15 +147,19 @@ async def floor(n: int) -> float:
             done.set()
 
     scopes = [trio.CancelScope() for _ in range(n)]
+    collections = Collections()
     async with trio.open_nursery() as nursery:
         for scope in scopes:
             nursery.start_soon(parked, scope, trio.lowlevel.ParkingLot())
         await trio.testing.wait_all_tasks_blocked(0.01)
+        collections.on = True
         begun = time.perf_counter()
         for scope in scopes:
             scope.cancel()
         await done.wait()
-        return time.perf_counter() - begun
+        took = time.perf_counter() - begun
+        collections.on = False
+        return {"floor_s": took, **collections.figures()}
 
 
 async def measure(n: int, top: int, cleanup: float | None = None) -> dict[str, Any]:
@@ -191,10 +224,14 @@ async def measure(n: int, top: int, cleanup: float | None = None) -> dict[str, A
                 nursery.start_soon(waiter, inv)
             await trio.testing.wait_all_tasks_blocked(0.01)
             calls_before = proxy.calls.copy()
+            collections = Collections()
+            collections.on = True
             begun = time.perf_counter()
             runner.cancel_all(reason=END)
             await all_done.wait()
             out["teardown_s"] = time.perf_counter() - begun
+            collections.on = False
+            out.update(collections.figures())
         out["teardown_calls"] = dict(proxy.calls - calls_before)
         out["endings"] = [[*k, v] for k, v in outcomes.items()]
         del invocations
@@ -206,7 +243,7 @@ async def measure(n: int, top: int, cleanup: float | None = None) -> dict[str, A
 def child(n: int, trace: bool, top: int, bare: bool, cleanup: float | None = None) -> None:
     """One measurement in this (fresh) process; prints its figures as JSON."""
     if bare:
-        print(json.dumps({"floor_s": trio.run(floor, n)}))
+        print(json.dumps(trio.run(floor, n)))
         return
     if trace:
         tracemalloc.start()
@@ -259,6 +296,12 @@ def main() -> int:
         f"  teardown: cancel_all until every wait() returned {r['teardown_s'] * 1000:.0f} ms"
         f" ({r['teardown_s'] / n * 1e6:.1f} us/inv) | runner closed in"
         f" {r['close_s'] * 1000:.0f} ms | bare trio floor {bare['floor_s'] * 1000:.0f} ms"
+    )
+    print(
+        f"  of which garbage collection: {r['gc_all_s'] * 1000:.0f} ms"
+        f" ({r['gc_full']} full passes, {r['gc_full_s'] * 1000:.0f} ms)"
+        f" | bare: {bare['gc_all_s'] * 1000:.0f} ms ({bare['gc_full']} full,"
+        f" {bare['gc_full_s'] * 1000:.0f} ms)"
     )
     calls = ", ".join(f"{m} {v:g}" for m, v in r["per_wake"].items() if v)
     batches = ", ".join(f"{m} {v}" for m, v in r["batch"].items() if v)

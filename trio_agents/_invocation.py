@@ -68,7 +68,14 @@ from .stores._base import (
     Store,
 )
 
-__all__ = ["EventStream", "Invocation", "InvocationEnv", "Outcome", "lease_deadline"]
+__all__ = [
+    "EventStream",
+    "Invocation",
+    "InvocationEnv",
+    "Outcome",
+    "Watchlist",
+    "lease_deadline",
+]
 
 NO_USAGE: Final = Usage()  # frozen: one for every invocation that has used nothing yet
 
@@ -97,6 +104,28 @@ def lease_deadline(lease: Lease, sent_at: float, lease_ttl: float) -> float:
     return begin + lease_ttl * (1 - LEASE_MARGIN)
 
 
+class Watchlist:
+    """What the watcher asks the store about, kept up to date as invocations change, so that
+    a wake costs no scan of every invocation running here (a runner may hold 100,000 parked).
+
+    ``cancellable``: the invocations running here that a cancel request could still change -
+    from their launch until they are cancelled ``immediate`` (the strongest mode: a request
+    after that changes nothing) or end.  ``parked``: those waiting on a gate now (a decision
+    would wake them).  The invocations add and remove themselves (:mod:`._invocation`); the
+    runner's ``_forget`` removes an ended one from both.
+    """
+
+    __slots__ = ("cancellable", "parked")
+
+    def __init__(self) -> None:
+        self.cancellable: dict[str, Invocation] = {}
+        self.parked: dict[str, Invocation] = {}
+
+    def forget(self, invocation_id: str) -> None:
+        self.cancellable.pop(invocation_id, None)
+        self.parked.pop(invocation_id, None)
+
+
 @attrs.frozen(kw_only=True)
 class InvocationEnv:
     """What an invocation needs from the runner that owns it."""
@@ -112,6 +141,7 @@ class InvocationEnv:
     poll_interval: float
     forget: Callable[[Invocation], None]
     endings: trio.Semaphore  # turns to store an ending (runner.ENDINGS_AT_ONCE; see _run)
+    watchlist: Watchlist  # what the runner's watcher asks the store about (see _upkeep)
     hooks: HookSet | None = None
     approval_expires_after: float | None = None
 
@@ -300,6 +330,7 @@ class Invocation:
                 self._say_cancel()
         if mode == "immediate":
             self._scope.cancel(reason=self._reason)
+            self._env.watchlist.cancellable.pop(self.id, None)  # no request can change it now
         elif mode == "after_tools":
             for scope in self._stream_scopes:
                 scope.cancel(reason=self._reason)
@@ -367,7 +398,7 @@ class Invocation:
 
     def _gates_made(self) -> approvals.Gates:
         if self._gates is None:
-            self._gates = approvals.Gates()
+            self._gates = approvals.Gates(self._parked_changed)
         return self._gates
 
     def _deliver(self, decision: ApprovalDecision, secret: str | None = None) -> bool:
@@ -378,6 +409,14 @@ class Invocation:
         if secret is not None:
             self._gates.secrets[decision.approval_id] = secret
         return self._gates.deliver(decision)
+
+    def _parked_changed(self, parked: bool) -> None:
+        """Its gates' waits began (the first) or all ended: the watcher asks for decisions
+        of parked invocations only."""
+        if parked and self._outcome is None:
+            self._env.watchlist.parked[self.id] = self
+        else:
+            self._env.watchlist.parked.pop(self.id, None)
 
     def _is_parked(self) -> bool:
         return self._gates is not None and self._gates.is_parked()

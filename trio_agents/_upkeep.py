@@ -14,7 +14,7 @@ from typing import Protocol
 import trio
 
 from ._exceptions import LeaseError, StoreError
-from ._invocation import LEASE_MARGIN, Invocation
+from ._invocation import LEASE_MARGIN, Invocation, Watchlist
 from ._recorder import Recorder
 from .events import CancelMode
 from .stores._base import Lease, Store
@@ -107,18 +107,28 @@ async def watch_requests(
     active: Mapping[str, Invocation],
     poll_interval: float,
     loops: Mapping[str, Stoppable] | None = None,
+    watchlist: Watchlist | None = None,
 ) -> None:
     """Apply the cancel requests and approval decisions that other processes persisted for
     invocations running here (and the cancel requests for the turn loops open here, which
-    stop them): one store call per wake (:meth:`Store.requests_for`), for all of them."""
+    stop them): one store call per wake (:meth:`Store.requests_for`), for all of them.
+
+    With a ``watchlist``, only the invocations a request could still change are asked about
+    (a wake during a mass cancel asks about none, and makes no store call); without one,
+    every invocation in ``active``."""
     loops = loops if loops is not None else {}
     while True:
         try:
             await store.wait_for_requests(timeout=poll_interval)
-            if not active and not loops:
+            if watchlist is not None:
+                asked = [*watchlist.cancellable, *loops]
+                parked = list(watchlist.parked)
+            else:
+                asked = [*active, *loops]
+                parked = [i for i, inv in active.items() if inv._is_parked()]
+            if not asked and not parked:
                 continue
-            parked = [i for i, inv in active.items() if inv._is_parked()]
-            found = await store.requests_for([*active, *loops], parked)
+            found = await store.requests_for(asked, parked)
         except StoreError as exc:  # the store is down: keep running, ask again later
             logger.warning("could not read cancel requests or decisions: %s", exc)
             await trio.sleep(poll_interval)

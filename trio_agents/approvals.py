@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, Literal, Protocol, TypeAlias
 
 import attrs
@@ -166,9 +166,10 @@ class Gates:
     wait takes them (memory only).
     """
 
-    __slots__ = ("_secrets", "parked", "paused", "pausing", "scopes", "waiting")
+    __slots__ = ("_on_parked", "_secrets", "parked", "paused", "pausing", "scopes", "waiting")
 
-    def __init__(self) -> None:
+    def __init__(self, on_parked: Callable[[bool], None] | None = None) -> None:
+        self._on_parked = on_parked  # told when the first wait begins and the last ends
         self.waiting: dict[str, ApprovalDecision | None] = {}
         self.parked: list[trio.lowlevel.Task] = []  # the waits' tasks parked now
         self.scopes: tuple[trio.CancelScope, ...] = ()  # expiries being recorded (rare)
@@ -222,8 +223,11 @@ class Gates:
         ``Parallel``'s other branches may be cancelled before they can raise their own).
         """
         waiting = self.waiting
+        first = not waiting
         for gate_id in pending:
             waiting[gate_id] = None
+        if first and waiting and self._on_parked is not None:
+            self._on_parked(True)
         try:
             for decision in await host.stored_decisions():  # made while paused or starting
                 if decision.approval_id in pending:
@@ -264,6 +268,8 @@ class Gates:
         finally:
             for gate_id in pending:
                 waiting.pop(gate_id, None)
+            if not waiting and self._on_parked is not None:
+                self._on_parked(False)
 
     async def _expire(self, host: GateHost, due: list[str], until: float) -> None:
         """End the gates ``due`` ``expired`` in the store (unless an end came first), before

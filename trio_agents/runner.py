@@ -78,10 +78,11 @@ from typing import Any
 
 import trio
 
+from ._cancel_waves import CancelWaves
 from ._control import InvocationControl
 from ._exceptions import InvocationNotFound, UsageError
 from ._gate_closer import GateCloser
-from ._invocation import Invocation, InvocationEnv
+from ._invocation import Invocation, InvocationEnv, Watchlist
 from ._outcome import Outcome
 from ._recorder import Recorder
 from ._stream import EventStream
@@ -190,6 +191,8 @@ class Runner(InvocationControl):
         self.log_limit = log_limit
         self._hooks = HookSet.of(hooks, timeout=hook_timeout)
         self._active: dict[str, Invocation] = {}
+        self._watchlist = Watchlist()  # of _active: what the watcher asks the store about
+        self._waves = CancelWaves(ENDINGS_AT_ONCE)  # cancel_all of many, a wave at a time
         self._loops: dict[str, TurnLoop] = {}  # the turn loops open here, by loop id
         self._limiter = trio.CapacityLimiter(max_active) if max_active is not None else None
         self._store: Store | None = None
@@ -224,6 +227,7 @@ class Runner(InvocationControl):
                 writer=writer,
                 gate_closer=closer,
                 endings=trio.Semaphore(ENDINGS_AT_ONCE),
+                watchlist=self._watchlist,
                 owner=self.owner,
                 lease_ttl=self.lease_ttl,
                 cleanup_timeout=self.cleanup_timeout,
@@ -237,9 +241,15 @@ class Runner(InvocationControl):
             system = await stack.enter_async_context(trio.open_nursery())
             writer_scope = await system.start(writer.serve)
             closer_scope = await system.start(closer.serve)
+            await system.start(self._waves.serve)
             system.start_soon(renew_leases, store, self._leaseholders, self.lease_ttl)
             system.start_soon(
-                watch_requests, store, self._active, self.cancel_poll_interval, self._loops
+                watch_requests,
+                store,
+                self._active,
+                self.cancel_poll_interval,
+                self._loops,
+                self._watchlist,
             )
             # Exits run in reverse: the invocations' nursery is left first (waiting for them),
             # then the writer and the gate closer (shielded: they store their endings) and the
@@ -372,6 +382,7 @@ class Runner(InvocationControl):
             raise UsageError(f"invocation {inv.id!r} is already running in this runner")
         await self._open_models(inv.agent)
         self._active[inv.id] = inv
+        self._watchlist.cancellable[inv.id] = inv
         try:
             if self._limiter is not None:
                 await self._limiter.acquire_on_behalf_of(inv)
@@ -384,6 +395,8 @@ class Runner(InvocationControl):
     def _forget(self, inv: Invocation) -> None:
         if self._active.get(inv.id) is inv:
             del self._active[inv.id]
+            self._watchlist.forget(inv.id)
+            self._waves.ended(inv)
             if self._limiter is not None:
                 # RuntimeError: it never got a place (its start was cancelled first).
                 with contextlib.suppress(RuntimeError):
@@ -650,7 +663,14 @@ class Runner(InvocationControl):
         reason: str | None = None,
         grace: float | None = None,
     ) -> int:
-        """Cancel every invocation running here; return how many were asked."""
-        return sum(
-            inv.cancel(mode, reason=reason, grace=grace) for inv in list(self._active.values())
-        )
+        """Cancel every invocation running here; return how many were asked.
+
+        Many are cancelled in waves of ``ENDINGS_AT_ONCE`` (1,024): the first wave at once,
+        each next one as the earlier ones end, so that no scheduler pass has to unwind them
+        all (see :mod:`._cancel_waves`).  Fewer are all cancelled at once, as by
+        :meth:`Invocation.cancel`.  Raises :class:`~trio_agents.UsageError` for an unknown
+        mode or a negative grace."""
+        check_cancel_mode(mode)
+        if grace is not None and not grace >= 0:
+            raise UsageError(f"grace must be a number of seconds >= 0, got {grace!r}")
+        return self._waves.cancel(list(self._active.values()), mode, reason, grace)

@@ -1,0 +1,258 @@
+"""A mass cancel in waves (``Runner.cancel_all``, :mod:`trio_agents._cancel_waves`) and the
+watcher's watchlist: what a wake asks the store about.
+
+The randomized test runs ``TRIO_AGENTS_FUZZ`` / 30 seeds (default 8; ``nox -s fuzz`` runs the
+nightly size).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+import trio_agents.runner
+from trio_agents import GateClosed
+from trio_agents.agents import Agent
+from trio_agents.events import CancelRequested
+from trio_agents.messages import ModelRequest, ToolCall, ToolResultMessage
+from trio_agents.models import ScriptedModel, ScriptedTurn
+from trio_agents.runner import Invocation, Runner
+from trio_agents.stores import MemoryStore
+from trio_agents.tools import tool
+
+from .test_gate_closer import check_agreement, park, parking_agent, wait_all
+
+SEEDS = max(int(os.environ.get("TRIO_AGENTS_FUZZ", "240")) // 30, 1)
+
+
+class PassCounter(trio.abc.Instrument):
+    """The most invocation tasks that ran in one scheduler pass."""
+
+    def __init__(self) -> None:
+        self.this_pass: set[trio.lowlevel.Task] = set()
+        self.most = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task.name.startswith("invocation "):
+            self.this_pass.add(task)
+            self.most = max(self.most, len(self.this_pass))
+
+    def before_io_wait(self, timeout: float) -> None:
+        self.this_pass.clear()
+
+
+class AskedStore(MemoryStore):
+    """Records what each ``requests_for`` call asked about."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[tuple[set[str], set[str]]] = []
+
+    async def requests_for(self, invocation_ids: Sequence[str], parked_ids: Sequence[str]) -> Any:
+        self.asked.append((set(invocation_ids), set(parked_ids)))
+        return await super().requests_for(invocation_ids, parked_ids)
+
+
+def slow_tool_agent(seconds: float) -> Agent:
+    """Calls ``work`` (which takes ``seconds``) once, then answers ``done``."""
+
+    @tool
+    async def work() -> str:
+        """Work a while."""
+        await trio.sleep(seconds)
+        return "worked"
+
+    def script(request: ModelRequest) -> ScriptedTurn:
+        if isinstance(request.messages[-1], ToolResultMessage):
+            return ScriptedTurn.text("done")
+        return ScriptedTurn(tool_calls=[ToolCall(id="c0", name="work", arguments={})])
+
+    return Agent(name="worker", model=ScriptedModel(script), tools=[work])
+
+
+async def test_a_mass_cancel_goes_in_waves(
+    autojump_clock: trio.abc.Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``cancel_all`` of 50 parked invocations with waves of 8: 8 are cancelled when it
+    returns, the rest queued; no scheduler pass runs more than a wave of them; every one ends
+    ``cancelled`` with the reason given, its gate ``cancelled``, its ending stored."""
+    monkeypatch.setattr(trio_agents.runner, "ENDINGS_AT_ONCE", 8)
+    store = MemoryStore()
+    counter = PassCounter()
+    async with Runner(store=store) as runner:
+        invs = await park(runner, parking_agent(), 50)
+        trio.lowlevel.add_instrument(counter)
+        try:
+            assert runner.cancel_all(reason="stop all") == 50
+            assert sum(inv._stopping() for inv in invs) == 8
+            assert runner._waves.statistics() == (42, 8)
+            outcomes = await wait_all(invs)
+        finally:
+            trio.lowlevel.remove_instrument(counter)
+        assert runner._waves.statistics() == (0, 0)
+        assert not runner._watchlist.cancellable and not runner._watchlist.parked
+    assert 0 < counter.most <= 8
+    assert {(o.status, o.reason, o.gates["1:c0"], o.store_error) for o in outcomes} == {
+        ("cancelled", "stop all", "cancelled", None)
+    }
+    await check_agreement(store, invs)
+
+
+async def test_a_cancel_of_fewer_than_a_wave_is_all_at_once(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """Fewer invocations than a wave: every one is cancelled before ``cancel_all`` returns."""
+    async with Runner() as runner:
+        invs = await park(runner, parking_agent(), 20)
+        assert runner.cancel_all(reason="stop") == 20
+        assert all(inv._stopping() for inv in invs)
+        assert runner._waves.statistics() == (0, 20)
+        outcomes = await wait_all(invs)
+    assert {o.status for o in outcomes} == {"cancelled"}
+
+
+async def test_slow_endings_do_not_hold_back_the_next_wave(
+    autojump_clock: trio.abc.Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``after_tools`` of invocations whose tools take 30 s: each waits for its tool, yet the
+    queued ones are not held back until then - every one has its cancel within a second,
+    and all end when their tools do, not a wave after another."""
+    monkeypatch.setattr(trio_agents.runner, "ENDINGS_AT_ONCE", 4)
+    asked_at: dict[str, float] = {}
+    async with Runner() as runner:
+        invs = [await runner.start(slow_tool_agent(30), "go") for _ in range(20)]
+        await trio.testing.wait_all_tasks_blocked()
+        begun = trio.current_time()
+        runner.cancel_all("after_tools", reason="wind down")
+
+        async def follow(inv: Invocation) -> None:
+            async for event in inv.events():
+                if isinstance(event, CancelRequested):
+                    asked_at[inv.id] = trio.current_time() - begun
+
+        async with trio.open_nursery() as nursery:
+            for inv in invs:
+                nursery.start_soon(follow, inv)
+            outcomes = await wait_all(invs)
+        took = trio.current_time() - begun
+    assert len(asked_at) == 20 and max(asked_at.values()) < 1.0
+    assert took == pytest.approx(30.0, abs=1.0)
+    # after_tools: the running tool finished; nothing new started.
+    assert {o.status for o in outcomes} == {"cancelled"}
+
+
+async def test_a_shutdown_with_waves_still_queued_ends_every_one(
+    autojump_clock: trio.abc.Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runner's block is cancelled right after ``cancel_all`` queued most of 40: every
+    invocation still ends ``cancelled`` once, its ending stored (by the waves' task as it stops,
+    or by the shutdown, whichever reaches it first)."""
+    monkeypatch.setattr(trio_agents.runner, "ENDINGS_AT_ONCE", 4)
+    store = MemoryStore()
+    with trio.CancelScope() as outer:
+        async with Runner(store=store) as runner:
+            invs = await park(runner, parking_agent(), 40)
+            runner.cancel_all(reason="all")
+            assert runner._waves.statistics()[0] == 36
+            outer.cancel()
+    assert outer.cancelled_caught
+    for inv in invs:
+        assert inv.outcome is not None
+        assert (inv.outcome.status, inv.outcome.store_error) == ("cancelled", None)
+        assert inv.outcome.reason in ("all", "shutdown")
+    await check_agreement(store, invs)
+
+
+async def test_the_watcher_asks_only_about_what_a_request_could_change(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """A wake asks the store about the invocations not yet cancelled ``immediate`` and, for
+    decisions, only those parked; once every one is cancelled a wake makes no store call."""
+    store = AskedStore()
+    async with Runner(store=store, cancel_poll_interval=1.0) as runner:
+        invs = await park(runner, parking_agent(), 10)
+        ids = {inv.id for inv in invs}
+        await trio.sleep(1.5)
+        assert store.asked[-1] == (ids, ids)
+        for inv in invs[:4]:
+            inv.cancel(reason="one by one")
+        await trio.sleep(1.5)
+        assert store.asked[-1] == (ids - {inv.id for inv in invs[:4]},) * 2
+        for inv in invs[4:]:
+            inv.cancel("after_turn", reason="gently")
+        await trio.testing.wait_all_tasks_blocked()
+        calls = len(store.asked)
+        await trio.sleep(5)
+        assert len(store.asked) == calls  # nothing left a request could change
+        await wait_all(invs)
+
+
+@pytest.mark.parametrize("seed", range(SEEDS))
+async def test_random_mass_cancels(
+    seed: int, autojump_clock: trio.abc.Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Random waves, cancels one by one (every mode), decisions, one or two ``cancel_all``s
+    and sometimes a shutdown right after, over parked and working invocations: each ends
+    once and the store agrees; every one ``cancel_all`` reached ended ``cancelled`` unless
+    it had already ended; no approved call ran for a cancelled gate; nothing is left queued
+    or watched."""
+    rng = random.Random(seed)
+    wave = rng.randint(1, 12)
+    monkeypatch.setattr(trio_agents.runner, "ENDINGS_AT_ONCE", wave)
+    store = MemoryStore()
+    ran: list[str] = []
+    shutdown = rng.random() < 0.3
+    with trio.CancelScope() as outer:
+        async with Runner(store=store) as runner:
+            parked = await park(runner, parking_agent(ran), rng.randint(5, 60))
+            working = [
+                await runner.start(slow_tool_agent(rng.choice([0.1, 2.0])), "go")
+                for _ in range(rng.randint(0, 10))
+            ]
+            invs = parked + working
+
+            async def act(inv: Invocation) -> None:
+                await trio.sleep(rng.random() * 0.5)
+                roll = rng.random()
+                if roll < 0.3:
+                    inv.cancel(rng.choice(["immediate", "after_tools", "after_turn"]), reason="r")
+                elif roll < 0.5 and inv in parked:
+                    try:
+                        await runner.decide(inv.id, "1:c0", approved=rng.random() < 0.5)
+                    except GateClosed:
+                        pass
+
+            async with trio.open_nursery() as nursery:
+                for inv in invs:
+                    nursery.start_soon(act, inv)
+                await trio.sleep(rng.random() * 0.6)
+                alive = {inv.id for inv in invs if inv.is_active()}
+                runner.cancel_all(rng.choice(["immediate", "after_tools"]), reason="all")
+                if rng.random() < 0.3:
+                    await trio.sleep(rng.random() * 0.01)
+                    runner.cancel_all(reason="again")
+                if shutdown:
+                    outer.cancel()
+            await wait_all(invs)
+            assert runner._waves.statistics() == (0, 0)
+            assert not runner._watchlist.cancellable and not runner._watchlist.parked
+    for inv in invs:
+        outcome = inv.outcome
+        assert outcome is not None
+        assert outcome.store_error is None
+        if inv.id in alive and outcome.status != "completed":
+            assert outcome.status == "cancelled"
+        if inv in parked:
+            if outcome.gates["1:c0"] in ("cancelled", "denied"):
+                assert outcome.status == "cancelled" or outcome.status == "completed"
+    approved_and_done = [
+        inv for inv in parked if inv.outcome and inv.outcome.gates["1:c0"] == "approved"
+    ]
+    assert len(ran) <= len(approved_and_done)
+    await check_agreement(store, invs)
