@@ -7,6 +7,7 @@ nightly size).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 from collections.abc import Sequence
@@ -96,7 +97,8 @@ async def test_a_mass_cancel_goes_in_waves(
         finally:
             trio.lowlevel.remove_instrument(counter)
         assert runner._waves.statistics() == (0, 0)
-        assert not runner._watchlist.cancellable and not runner._watchlist.parked
+        assert not runner._watchlist.cancellable
+        assert not runner._watchlist.parked
     assert 0 < counter.most <= 8
     assert {(o.status, o.reason, o.gates["1:c0"], o.store_error) for o in outcomes} == {
         ("cancelled", "stop all", "cancelled", None)
@@ -141,7 +143,8 @@ async def test_slow_endings_do_not_hold_back_the_next_wave(
                 nursery.start_soon(follow, inv)
             outcomes = await wait_all(invs)
         took = trio.current_time() - begun
-    assert len(asked_at) == 20 and max(asked_at.values()) < 1.0
+    assert len(asked_at) == 20
+    assert max(asked_at.values()) < 1.0
     assert took == pytest.approx(30.0, abs=1.0)
     # after_tools: the running tool finished; nothing new started.
     assert {o.status for o in outcomes} == {"cancelled"}
@@ -223,10 +226,8 @@ async def test_random_mass_cancels(
                 if roll < 0.3:
                     inv.cancel(rng.choice(["immediate", "after_tools", "after_turn"]), reason="r")
                 elif roll < 0.5 and inv in parked:
-                    try:
+                    with contextlib.suppress(GateClosed):
                         await runner.decide(inv.id, "1:c0", approved=rng.random() < 0.5)
-                    except GateClosed:
-                        pass
 
             async with trio.open_nursery() as nursery:
                 for inv in invs:
@@ -241,16 +242,16 @@ async def test_random_mass_cancels(
                     outer.cancel()
             await wait_all(invs)
             assert runner._waves.statistics() == (0, 0)
-            assert not runner._watchlist.cancellable and not runner._watchlist.parked
+            assert not runner._watchlist.cancellable
+            assert not runner._watchlist.parked
     for inv in invs:
         outcome = inv.outcome
         assert outcome is not None
         assert outcome.store_error is None
         if inv.id in alive and outcome.status != "completed":
             assert outcome.status == "cancelled"
-        if inv in parked:
-            if outcome.gates["1:c0"] in ("cancelled", "denied"):
-                assert outcome.status == "cancelled" or outcome.status == "completed"
+        if inv in parked and outcome.gates["1:c0"] == "cancelled":
+            assert outcome.status == "cancelled"
     approved_and_done = [
         inv for inv in parked if inv.outcome and inv.outcome.gates["1:c0"] == "approved"
     ]
