@@ -72,7 +72,7 @@ def slow_tool_agent(seconds: float) -> Agent:
     def script(request: ModelRequest) -> ScriptedTurn:
         if isinstance(request.messages[-1], ToolResultMessage):
             return ScriptedTurn.text("done")
-        return ScriptedTurn(tool_calls=[ToolCall(id="c0", name="work", arguments={})])
+        return ScriptedTurn(tool_calls=(ToolCall(id="c0", name="work", arguments="{}"),))
 
     return Agent(name="worker", model=ScriptedModel(script), tools=[work])
 
