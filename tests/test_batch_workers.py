@@ -117,7 +117,8 @@ async def open_workers(
     count: int, store_url: str, model: FakeServer, effects: Path, *, concurrency: int
 ) -> AsyncIterator[list[Worker]]:
     """``count`` ``trio-agents worker`` processes, yielded once each said it is ready.
-    Leaving kills those the test did not end."""
+    Leaving kills those the test did not end.  Each connects to PostgreSQL under an
+    ``application_name`` of its own (:func:`application_name`)."""
     workers: list[Worker] = []
     async with trio.open_nursery() as nursery:
         try:
@@ -136,7 +137,7 @@ async def open_workers(
                     "worker",
                     "tests.batch_agents:agent",
                     "--store",
-                    store_url,
+                    f"{store_url}&application_name={application_name(store_url, name)}",
                     "--concurrency",
                     str(concurrency),
                     "--lease-ttl",
@@ -164,6 +165,23 @@ async def open_workers(
             for worker in workers:
                 if worker.process.returncode is None:
                     worker.process.kill()
+
+
+def application_name(store_url: str, worker: str) -> str:
+    """The ``application_name`` of a worker's PostgreSQL connections: unique to the test's
+    schema (``?schema=`` is the URL's first parameter)."""
+    return f"{store_url.rsplit('?schema=', 1)[1]}-{worker}"
+
+
+async def wait_until_disconnected(store: PostgresStore, store_url: str, worker: str) -> None:
+    """Poll until PostgreSQL has no connection of ``worker`` left: a worker killed with a
+    ``COMMIT`` already sent has it carried out (or rolled back) by then, not after."""
+    name = application_name(store_url, worker)
+    query = "SELECT 1 FROM pg_stat_activity WHERE application_name = ?"
+    while True:
+        if not await sql(store, query, name):
+            return
+        await trio.sleep(0.05)
 
 
 async def stop(workers: Sequence[Worker]) -> None:
@@ -258,6 +276,9 @@ async def test_a_worker_killed_mid_batch_loses_no_job_and_repeats_nothing(
                 victim.process.kill()
                 await victim.process.wait()
                 killed_at = trio.current_time()
+                # A commit it sent just before it died may still be carried out by its
+                # server process: the jobs it held are those still its own once that is gone.
+                await wait_until_disconnected(store, store_url, victim.name)
                 orphans = {
                     key
                     for (key,) in await sql(
