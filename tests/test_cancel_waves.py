@@ -27,7 +27,7 @@ from trio_agents.runner import Invocation, Runner
 from trio_agents.stores import MemoryStore
 from trio_agents.tools import tool
 
-from .test_gate_closer import check_agreement, park, parking_agent, wait_all
+from .test_gate_closer import GateStore, check_agreement, park, parking_agent, wait_all
 
 SEEDS = max(int(os.environ.get("TRIO_AGENTS_FUZZ", "240")) // 30, 1)
 
@@ -81,10 +81,12 @@ async def test_a_mass_cancel_goes_in_waves(
     autojump_clock: trio.abc.Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``cancel_all`` of 50 parked invocations with waves of 8: 8 are cancelled when it
-    returns, the rest queued; no scheduler pass runs more than a wave of them; every one ends
-    ``cancelled`` with the reason given, its gate ``cancelled``, its ending stored."""
-    monkeypatch.setattr(trio_agents.runner, "ENDINGS_AT_ONCE", 8)
-    store = MemoryStore()
+    returns, the rest queued; no scheduler pass runs more than a wave of them; the gate ends
+    go to the store a wave (or half, once it is topped up) at a time, not one by one; every
+    one ends ``cancelled`` with the reason given, its gate ``cancelled``, its ending
+    stored."""
+    monkeypatch.setattr(trio_agents.runner, "CANCEL_WAVE", 8)
+    store = GateStore()
     counter = PassCounter()
     async with Runner(store=store) as runner:
         invs = await park(runner, parking_agent(), 50)
@@ -100,6 +102,8 @@ async def test_a_mass_cancel_goes_in_waves(
         assert not runner._watchlist.cancellable
         assert not runner._watchlist.parked
     assert 0 < counter.most <= 8
+    assert sum(store.end_calls) == 50
+    assert len(store.end_calls) <= 50 // 4 + 1, store.end_calls
     assert {(o.status, o.reason, o.gates["1:c0"], o.store_error) for o in outcomes} == {
         ("cancelled", "stop all", "cancelled", None)
     }
@@ -125,7 +129,7 @@ async def test_slow_endings_do_not_hold_back_the_next_wave(
     """``after_tools`` of invocations whose tools take 30 s: each waits for its tool, yet the
     queued ones are not held back until then - every one has its cancel within a second,
     and all end when their tools do, not a wave after another."""
-    monkeypatch.setattr(trio_agents.runner, "ENDINGS_AT_ONCE", 4)
+    monkeypatch.setattr(trio_agents.runner, "CANCEL_WAVE", 4)
     asked_at: dict[str, float] = {}
     async with Runner() as runner:
         invs = [await runner.start(slow_tool_agent(30), "go") for _ in range(20)]
@@ -156,7 +160,7 @@ async def test_a_shutdown_with_waves_still_queued_ends_every_one(
     """The runner's block is cancelled right after ``cancel_all`` queued most of 40: every
     invocation still ends ``cancelled`` once, its ending stored (by the waves' task as it stops,
     or by the shutdown, whichever reaches it first)."""
-    monkeypatch.setattr(trio_agents.runner, "ENDINGS_AT_ONCE", 4)
+    monkeypatch.setattr(trio_agents.runner, "CANCEL_WAVE", 4)
     store = MemoryStore()
     with trio.CancelScope() as outer:
         async with Runner(store=store) as runner:
@@ -207,7 +211,7 @@ async def test_random_mass_cancels(
     or watched."""
     rng = random.Random(seed)
     wave = rng.randint(1, 12)
-    monkeypatch.setattr(trio_agents.runner, "ENDINGS_AT_ONCE", wave)
+    monkeypatch.setattr(trio_agents.runner, "CANCEL_WAVE", wave)
     store = MemoryStore()
     ran: list[str] = []
     shutdown = rng.random() < 0.3

@@ -130,11 +130,12 @@ async def check_agreement(
 
 
 async def test_many_invocations_cancelled_at_once_make_few_end_gates_calls(
-    autojump_clock: trio.abc.Clock,
+    autojump_clock: trio.abc.Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A cancel_all of 600 parked invocations records their gates' ends in one or two
-    store calls, not 600; every one ends cancelled, its gate cancelled, journaled and
-    stored."""
+    """A cancel of 600 parked invocations at once (one wave: ``cancel_all`` goes in waves of
+    ``CANCEL_WAVE``, here 1,024) records their gates' ends in one or two store calls, not
+    600; every one ends cancelled, its gate cancelled, journaled and stored."""
+    monkeypatch.setattr(trio_agents.runner, "CANCEL_WAVE", 1024)
     store = GateStore()
     async with Runner(store=store) as runner:
         invs = await park(runner, parking_agent(), 600)

@@ -492,6 +492,29 @@ async def test_wait_for_requests_wakes_on_a_request(case: StoreCase) -> None:
 
 
 @only(MEMORY, POSTGRES)
+async def test_an_owners_gate_ends_wake_no_watcher(case: StoreCase) -> None:
+    """``end_gates`` (an owner closing its own gates) does not wake ``wait_for_requests``,
+    here or in another process; a decision after it still does."""
+    with trio.fail_after(10):
+        await case.store.create_invocation(record("i1"), ttl=30)
+        async with case.twin() as other:
+            await other.wait_for_requests(timeout=0)  # starts listening
+            end = ApprovalDecision(
+                invocation_id="i1", approval_id="g1", approved=False, state="cancelled"
+            )
+            [stands] = await case.store.end_gates([end])
+            assert stands.state == "cancelled"
+            start = trio.current_time()
+            await other.wait_for_requests(timeout=0.3)
+            assert trio.current_time() - start >= 0.3
+            decision = ApprovalDecision(invocation_id="i1", approval_id="g2", approved=True)
+            assert await case.store.record_decision(decision)
+            start = trio.current_time()
+            await other.wait_for_requests(timeout=5)
+            assert trio.current_time() - start < 2
+
+
+@only(MEMORY, POSTGRES)
 async def test_a_request_between_waits_wakes_the_next_wait(case: StoreCase) -> None:
     """A request made while nobody waits is not lost: the next wait returns at once, once."""
     with trio.fail_after(10):

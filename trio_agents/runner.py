@@ -104,6 +104,7 @@ __all__ = ["CancelMode", "EventStream", "Invocation", "Outcome", "Runner", "Turn
 logger = logging.getLogger("trio_agents.runner")
 
 ENDINGS_AT_ONCE = 1024  # invocations storing their endings at once (see Invocation._run)
+CANCEL_WAVE = 128  # invocations a cancel_all has cancelled and not yet ended (see _cancel_waves)
 
 
 class Runner(InvocationControl):
@@ -192,7 +193,7 @@ class Runner(InvocationControl):
         self._hooks = HookSet.of(hooks, timeout=hook_timeout)
         self._active: dict[str, Invocation] = {}
         self._watchlist = Watchlist()  # of _active: what the watcher asks the store about
-        self._waves = CancelWaves(ENDINGS_AT_ONCE)  # cancel_all of many, a wave at a time
+        self._waves = CancelWaves(CANCEL_WAVE)  # cancel_all of many, a wave at a time
         self._loops: dict[str, TurnLoop] = {}  # the turn loops open here, by loop id
         self._limiter = trio.CapacityLimiter(max_active) if max_active is not None else None
         self._store: Store | None = None
@@ -665,9 +666,9 @@ class Runner(InvocationControl):
     ) -> int:
         """Cancel every invocation running here; return how many were asked.
 
-        Many are cancelled in waves of ``ENDINGS_AT_ONCE`` (1,024): the first wave at once,
-        each next one as the earlier ones end, so that no scheduler pass has to unwind them
-        all (see :mod:`._cancel_waves`).  Fewer are all cancelled at once, as by
+        Many are cancelled in waves of ``CANCEL_WAVE`` (128): the first wave at once, the
+        next ones as the earlier ones end, so that no scheduler pass has to unwind them all
+        (see :mod:`._cancel_waves`).  Fewer are all cancelled at once, as by
         :meth:`Invocation.cancel`.  Raises :class:`~trio_agents.UsageError` for an unknown
         mode or a negative grace."""
         check_cancel_mode(mode)

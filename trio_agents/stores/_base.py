@@ -468,6 +468,11 @@ class Store(BatchStore, Protocol):
         How an invocation closes its own gates (``expired``, ``cancelled``) so that a racing
         decision loses cleanly - or wins cleanly.  Raises
         :class:`~trio_agents.InvocationNotFound`.
+
+        Does not wake :meth:`wait_for_requests`: the one reader of a gate's end is the
+        invocation's owner, and these ends are its own (a cancel's, which it wrote, or an
+        expiry, which its wait finds at the gate's ``expires_at`` anyway).  A mass cancel
+        writes many; each would wake every watcher to read all of its ids again.
         """
         ...
 

@@ -469,8 +469,7 @@ def end_gates(tx: Tx, decisions: Sequence[ApprovalDecision]) -> list[ApprovalDec
             raise InvocationNotFound(f"no invocation with id {invocation_id!r}")
     standing = []
     for decision in decisions:
-        if _insert_decision(tx, decision):
-            tx.notify(decision.invocation_id)
+        _insert_decision(tx, decision)
         rows = tx.rows(
             f"SELECT {_DECISION_COLUMNS} FROM approval_decisions"
             " WHERE invocation_id = ? AND approval_id = ?",

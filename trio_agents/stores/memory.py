@@ -411,7 +411,6 @@ class MemoryStore(MemoryBatches):
                 decided[decision.approval_id] = attrs.evolve(
                     decision, decided_at=decision.decided_at or self._clock()
                 )
-                self._poke.set()
             standing.append(decided[decision.approval_id])
         return standing
 
