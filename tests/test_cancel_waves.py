@@ -200,6 +200,30 @@ async def test_the_watcher_asks_only_about_what_a_request_could_change(
         await wait_all(invs)
 
 
+async def test_invocations_queued_for_an_immediate_cancel_leave_the_watchlist(
+    autojump_clock: trio.abc.Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Queued for ``immediate``: the watcher asks nothing about them (a request could not
+    change them; a decision from another process is not handed over before their wave -
+    it stands in the store, and the gate's cancel finds it).  Queued for ``after_turn``: a
+    request could still make it ``immediate``, so they stay watched.  A stronger
+    ``cancel_all`` reaches those already in a wave at once."""
+    monkeypatch.setattr(trio_agents.runner, "CANCEL_WAVE", 4)
+    store = MemoryStore()
+    async with Runner(store=store) as runner:
+        invs = await park(runner, parking_agent(), 10)
+        runner.cancel_all("after_turn", reason="gently")
+        assert runner._waves.statistics() == (6, 4)
+        assert set(runner._watchlist.cancellable) == {inv.id for inv in invs}
+        runner.cancel_all(reason="now")  # the 4 in the wave go immediate at once
+        assert [inv._mode for inv in invs[:4]] == ["immediate"] * 4
+        assert not runner._watchlist.cancellable
+        assert not set(runner._watchlist.parked) & {inv.id for inv in invs[4:]}
+        outcomes = await wait_all(invs)
+    assert {o.status for o in outcomes} == {"cancelled"}
+    await check_agreement(store, invs)
+
+
 @pytest.mark.parametrize("seed", range(SEEDS))
 async def test_random_mass_cancels(
     seed: int, autojump_clock: trio.abc.Clock, monkeypatch: pytest.MonkeyPatch

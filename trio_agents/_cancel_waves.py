@@ -23,7 +23,9 @@ What it does
     invocations) holds back the next by :data:`SLOW_WAVE` at most, not by its endings.
     Each is cancelled exactly as :meth:`Invocation.cancel` would: a no-op for one that ended
     meanwhile; a stronger cancel of one of them by another caller takes effect at once, as
-    always.
+    always.  One queued for an ``immediate`` cancel leaves the runner's watchlist at once: the
+    watcher stops asking the store about it (a request could not change it, and a decision
+    from another process must not set it going again before its wave reaches it).
 
     The wave is small (the runner's ``CANCEL_WAVE``, 128) because what the unwinding and the
     endings of a wave hold alive while they run is what Python's garbage collector moves to
@@ -47,7 +49,7 @@ from typing import Final
 
 import trio
 
-from ._invocation import Invocation
+from ._invocation import Invocation, Watchlist
 from .events import CancelMode
 
 __all__ = ["CancelWaves"]
@@ -63,10 +65,11 @@ class CancelWaves:
     """The invocations a mass cancel has still to reach, and those it reached that have not
     ended yet (see the module docstring)."""
 
-    def __init__(self, wave: int) -> None:
+    def __init__(self, wave: int, watchlist: Watchlist | None = None) -> None:
         if wave < 1:
             raise ValueError(f"a wave holds at least one invocation, got {wave}")
         self.wave: Final = wave
+        self._watchlist = watchlist
         self._queue: deque[_Ask] = deque()
         self._ending: set[Invocation] = set()  # cancelled here and not ended yet
         self._wake = trio.Event()
@@ -89,8 +92,14 @@ class CancelWaves:
             if inv._ending:
                 continue
             asked += 1
-            if self._queue or len(self._ending) >= self.wave:
+            if inv in self._ending:  # in a wave already (a stronger mode, say): at once
+                self._apply(inv, mode, reason, grace)
+            elif self._queue or len(self._ending) >= self.wave:
                 self._queue.append((inv, mode, reason, grace))
+                if mode == "immediate" and self._watchlist is not None:
+                    # Queued for the strongest cancel: no request from another process can
+                    # change it, and a decision must not set it going again before its wave.
+                    self._watchlist.forget(inv.id)
             else:
                 self._apply(inv, mode, reason, grace)
         if self._queue:

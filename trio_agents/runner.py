@@ -193,7 +193,7 @@ class Runner(InvocationControl):
         self._hooks = HookSet.of(hooks, timeout=hook_timeout)
         self._active: dict[str, Invocation] = {}
         self._watchlist = Watchlist()  # of _active: what the watcher asks the store about
-        self._waves = CancelWaves(CANCEL_WAVE)  # cancel_all of many, a wave at a time
+        self._waves = CancelWaves(CANCEL_WAVE, self._watchlist)  # cancel_all of many, in waves
         self._loops: dict[str, TurnLoop] = {}  # the turn loops open here, by loop id
         self._limiter = trio.CapacityLimiter(max_active) if max_active is not None else None
         self._store: Store | None = None
