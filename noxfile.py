@@ -46,7 +46,7 @@ def bench(session: nox.Session) -> None:
 
 @nox.session
 def fuzz(session: nox.Session) -> None:
-    """The randomized cancel, turn-loop, batch and gate-closer tests at nightly size:
+    """The randomized cancel, turn-loop, batch, gate-closer and mass-cancel tests at nightly size:
     thousands of scenarios (the suite runs a couple of hundred).  ``-- -x`` stops at the
     first failure, which names its seed."""
     session.install("-e", ".[dev]")
@@ -59,6 +59,7 @@ def fuzz(session: nox.Session) -> None:
         "tests/test_turnloop_fuzz.py",
         "tests/test_batch_fuzz.py",
         "tests/test_gate_closer.py",
+        "tests/test_cancel_waves.py",
         *session.posargs,
         env={"TRIO_AGENTS_FUZZ": "5000", "TRIO_AGENTS_FUZZ_SQLITE": "1000"},
     )
