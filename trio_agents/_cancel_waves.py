@@ -69,6 +69,8 @@ class CancelWaves:
         if wave < 1:
             raise ValueError(f"a wave holds at least one invocation, got {wave}")
         self.wave: Final = wave
+        # The wave is topped up once no more than this many of it are still ending (half).
+        self._low: Final = wave - max(wave // 2, 1)
         self._watchlist = watchlist
         self._queue: deque[_Ask] = deque()
         self._ending: set[Invocation] = set()  # cancelled here and not ended yet
@@ -110,7 +112,7 @@ class CancelWaves:
         """``inv`` has ended (its outcome is set): make room for the next wave."""
         if self._ending:
             self._ending.discard(inv)
-            if self._queue and len(self._ending) <= self.wave // 2:
+            if self._queue and len(self._ending) <= self._low:
                 self._wake.set()
 
     def _apply(
@@ -130,15 +132,18 @@ class CancelWaves:
                 self._wake = trio.Event()
                 while queue:
                     room = self.wave - len(self._ending)
-                    if room < max(self.wave // 2, 1):
-                        # Every one of the last wave is still ending: go on when one has
-                        # ended, or when a wave of slow endings has had its time.
+                    if len(self._ending) > self._low:
+                        # Over half of the last wave is still ending: go on when enough has
+                        # ended, or with a whole wave more when slow endings had their time.
                         with trio.move_on_after(SLOW_WAVE) as slow:
                             await self._wake.wait()
                         self._wake = trio.Event()
-                        room = self.wave if slow.cancelled_caught else self.wave - len(self._ending)
-                        if room < max(self.wave // 2, 1):
+                        if slow.cancelled_caught:
+                            room = self.wave
+                        elif len(self._ending) > self._low:
                             continue
+                        else:
+                            room = self.wave - len(self._ending)
                     for _ in range(min(room, len(queue))):
                         self._apply(*queue.popleft())
                     # The wave just cancelled unwinds in the next pass, on its own.
