@@ -111,8 +111,11 @@ class Watchlist:
     ``cancellable``: the invocations running here that a cancel request could still change -
     from their launch until they are cancelled ``immediate`` (the strongest mode: a request
     after that changes nothing) or end.  ``parked``: those waiting on a gate now (a decision
-    would wake them).  The invocations add and remove themselves (:mod:`._invocation`); the
-    runner's ``_forget`` removes an ended one from both.
+    would wake them).  The runner adds a launched invocation to ``cancellable`` and its
+    ``_forget`` removes an ended one from both; an invocation leaves ``cancellable`` when it
+    is cancelled ``immediate`` and enters and leaves ``parked`` as its gates' waits begin and
+    end; a ``cancel_all`` that queues one for ``immediate`` removes it from both
+    (:mod:`._cancel_waves`).
     """
 
     __slots__ = ("cancellable", "parked")

@@ -105,27 +105,22 @@ async def renew_leases(
 async def watch_requests(
     store: Store,
     active: Mapping[str, Invocation],
+    watchlist: Watchlist,
     poll_interval: float,
     loops: Mapping[str, Stoppable] | None = None,
-    watchlist: Watchlist | None = None,
 ) -> None:
     """Apply the cancel requests and approval decisions that other processes persisted for
-    invocations running here (and the cancel requests for the turn loops open here, which
-    stop them): one store call per wake (:meth:`Store.requests_for`), for all of them.
-
-    With a ``watchlist``, only the invocations a request could still change are asked about
-    (a wake during a mass cancel asks about none, and makes no store call); without one,
-    every invocation in ``active``."""
+    invocations running here (``active``) and the cancel requests for the turn loops open
+    here, which stop them: one store call per wake (:meth:`Store.requests_for`), for all of
+    them.  It asks only about what ``watchlist`` holds - the invocations a request could
+    still change, and for decisions those parked - so a wake during a mass cancel asks
+    about none and makes no store call."""
     loops = loops if loops is not None else {}
     while True:
         try:
             await store.wait_for_requests(timeout=poll_interval)
-            if watchlist is not None:
-                asked = [*watchlist.cancellable, *loops]
-                parked = list(watchlist.parked)
-            else:
-                asked = [*active, *loops]
-                parked = [i for i, inv in active.items() if inv._is_parked()]
+            asked = [*watchlist.cancellable, *loops]
+            parked = list(watchlist.parked)
             if not asked and not parked:
                 continue
             found = await store.requests_for(asked, parked)

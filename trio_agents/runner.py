@@ -248,9 +248,9 @@ class Runner(InvocationControl):
                 watch_requests,
                 store,
                 self._active,
+                self._watchlist,
                 self.cancel_poll_interval,
                 self._loops,
-                self._watchlist,
             )
             # Exits run in reverse: the invocations' nursery is left first (waiting for them),
             # then the writer and the gate closer (shielded: they store their endings) and the
