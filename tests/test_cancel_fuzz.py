@@ -10,7 +10,8 @@ what was cancelled.  After every run it checks:
 * exactly one terminal event, the last of the run, agreeing with the outcome and the store;
 * ids strictly increasing, durable seqs without a gap, subs without a gap under their seq, and
   what a subscriber saw equal to what the store holds (a reattaching reader misses nothing);
-* no tool started once an ``after_tools`` / ``immediate`` cancel had taken effect;
+* no tool started once an ``after_tools`` / ``immediate`` cancel had taken effect, and no
+  call journaled as started that neither began nor has a result;
 * no task of the invocation and no model stream left once ``wait()`` returned.
 
 A second test cancels the runner's whole block (a shutdown) at a random moment while several
@@ -36,9 +37,16 @@ import attrs
 import pytest
 import trio
 
-from trio_agents import Agent, Parallel, Runner, Sequential, tool
+from trio_agents import Agent, Parallel, Runner, Sequential, ToolContext, tool
 from trio_agents.agents._context import AgentLike
-from trio_agents.events import CancelMode, Event, InvocationEnded, mode_reaches
+from trio_agents.events import (
+    CancelMode,
+    Event,
+    InvocationEnded,
+    ToolCallFinished,
+    ToolCallStarted,
+    mode_reaches,
+)
 from trio_agents.messages import ModelRequest, ToolCall
 from trio_agents.models import ScriptedModel
 from trio_agents.models.scripted import ScriptedTurn
@@ -77,8 +85,11 @@ class Watch:
     models: list[ScriptedModel] = attrs.field(factory=list)
     violations: list[str] = attrs.field(factory=list)
     invocation: Any = None
+    entered: set[str] = attrs.field(factory=set)  # call ids whose function began
 
-    def start(self, name: str, *, check: bool = True) -> None:
+    def start(self, name: str, *, check: bool = True, ctx: ToolContext | None = None) -> None:
+        if ctx is not None:
+            self.entered.add(ctx.call_id)
         inv = self.invocation
         # A deadline (a grace period, the lease's) is read against the clock when it is
         # checked: on SQLite the clock is real, so the runner's check and this line, one step
@@ -98,9 +109,9 @@ class Watch:
 
 def make_tools(watch: Watch, scale: float, threads: bool) -> list[Any]:
     @tool
-    async def fast(x: int) -> str:
+    async def fast(x: int, ctx: ToolContext) -> str:
         """Fast."""
-        watch.start("fast")
+        watch.start("fast", ctx=ctx)
         try:
             await trio.lowlevel.checkpoint()
             return f"fast {x}"
@@ -108,9 +119,9 @@ def make_tools(watch: Watch, scale: float, threads: bool) -> list[Any]:
             watch.running -= 1
 
     @tool
-    async def slow(x: int) -> str:
+    async def slow(x: int, ctx: ToolContext) -> str:
         """Slow."""
-        watch.start("slow")
+        watch.start("slow", ctx=ctx)
         try:
             await trio.sleep(scale * (1 + x % 3))
             return f"slow {x}"
@@ -118,11 +129,11 @@ def make_tools(watch: Watch, scale: float, threads: bool) -> list[Any]:
             watch.running -= 1
 
     @tool
-    def blocking(x: int) -> str:
+    def blocking(x: int, ctx: ToolContext) -> str:
         """A sync tool: runs in a worker thread."""
         # Not checked: a cancel may land between the thread's start (which trio checks) and
         # this line; an async tool's first line runs in the same step as the runner's check.
-        watch.start("blocking", check=False)
+        watch.start("blocking", check=False, ctx=ctx)
         try:
             return f"blocking {x}"
         finally:
@@ -131,9 +142,9 @@ def make_tools(watch: Watch, scale: float, threads: bool) -> list[Any]:
     if not threads:  # under the autojump clock a thread's real time would jump the clock
 
         @tool(name="blocking")
-        async def not_blocking(x: int) -> str:
+        async def not_blocking(x: int, ctx: ToolContext) -> str:
             """Stands in for the sync tool."""
-            return await fast.fn(x)
+            return await fast.fn(x, ctx)
 
         return [fast, slow, not_blocking]
     return [fast, slow, blocking]
@@ -200,6 +211,15 @@ def check_ids(events: Sequence[Event], where: str) -> None:
         assert got == list(range(1, len(got) + 1)), f"{where}: subs under {seq} have a gap: {got}"
 
 
+def check_intents(stored: Sequence[Event], entered: set[str], where: str) -> None:
+    """The journal claims no start that did not happen: a call journaled as started either
+    began (its function ran) or has a recorded result (``not run``)."""
+    started = {e.call.id for e in stored if isinstance(e, ToolCallStarted)}
+    finished = {e.result.call_id for e in stored if isinstance(e, ToolCallFinished)}
+    never = sorted(started - finished - entered)
+    assert not never, f"{where}: {never} journaled as started, never ran, no result"
+
+
 def check_run(events: list[Event], stored: list[Event], outcome: Any, where: str) -> None:
     ends = [e for e in events if isinstance(e, InvocationEnded)]
     assert len(ends) == 1, f"{where}: {len(ends)} terminal events in the run"
@@ -245,6 +265,7 @@ async def run_scenario(seed: int, store: Store, scale: float, *, threads: bool) 
         check_ids(seen, where)
         check_ids(stored, where + " (store)")
         check_run(seen, stored, outcome, where)
+        check_intents(stored, watch.entered, where)
         assert not watch.violations, f"{where}: {watch.violations}"
         if outcome.status != "completed" and rng.random() < 0.4:
             resumed = await runner.resume(inv.id)
@@ -262,6 +283,7 @@ async def run_scenario(seed: int, store: Store, scale: float, *, threads: bool) 
             check_ids(stored, where + " (store after resume)")
             run2 = [e for e in again if (e.seq, e.sub) > (seen[-1].seq, seen[-1].sub)]
             check_run(run2, stored, second, where + " (resumed)")
+            check_intents(stored, watch.entered, where + " (resumed)")
             assert not watch.violations, f"{where}: {watch.violations}"
 
 

@@ -262,7 +262,8 @@ class Recorder:
         nothing was stored and the seq is given back; any other exception (a cancel) leaves
         the write's fate unknown, so the seq is never given to another event.
         """
-        async with self._write_lock():
+        lock = await self._take_write_lock()
+        try:
             event = self.stamp_durable(cls, **fields)
             try:
                 yield event
@@ -270,6 +271,8 @@ class Recorder:
                 self._seq, self._sub = self._before
                 raise
             self.started(event)
+        finally:
+            lock.release()
 
     def _write_lock(self) -> trio.Lock:
         """Durable writes of one invocation go one at a time (parallel tools record at once)."""
@@ -277,17 +280,42 @@ class Recorder:
             self._lock = trio.Lock()
         return self._lock
 
+    async def _take_write_lock(self) -> trio.Lock:
+        """Take the write lock for a durable event that a cancel may still prevent.
+
+        ``trio.Lock.acquire`` yields after it takes the lock (a checkpoint that a cancel cannot
+        interrupt), and a lock handed over by its previous holder is taken with no cancel check
+        at all: a cancel landing there would otherwise be published while the event is still
+        stamped and stored - a ``tool_call_started`` journaled after an ``immediate`` cancel,
+        for a tool that then never runs.  So the cancel is checked once the lock is held, with
+        no yield between that check and the stamp: a write either begins before the cancel,
+        or not at all (raising ``trio.Cancelled``, the lock released).
+        """
+        lock = self._write_lock()
+        await lock.acquire()
+        try:
+            await trio.lowlevel.checkpoint_if_cancelled()
+        except BaseException:
+            lock.release()
+            raise
+        return lock
+
     async def record(self, cls: type[E], **fields: Any) -> E:
         """Durable before visible: stamp, store (with the deltas before it), then publish;
         then call :attr:`on_recorded`, if set (out of the write lock).
 
-        Raises :class:`~trio_agents.StoreError` (nothing of the event was stored or shown).
+        Raises :class:`~trio_agents.StoreError` (nothing of the event was stored or shown), and
+        ``trio.Cancelled`` when a cancel came before the event was stamped (nothing stored): a
+        cancel never lets an event that it came before into the journal.
         """
-        async with self._write_lock():
+        lock = await self._take_write_lock()
+        try:
             event = self.stamp_durable(cls, **fields)
             await self._write(event, None, deadline=float("inf"))
-        lock = self._lock
-        if lock is not None and not lock.locked():
+        finally:
+            lock.release()
+        idle = self._lock
+        if idle is not None and not idle.locked():
             # Idle (a release with waiters hands the lock on, so it would still be held): let
             # it go, so an invocation parked between writes keeps no lock.
             self._lock = None

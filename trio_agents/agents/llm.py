@@ -25,13 +25,14 @@ journaled, so the transcript, the results sent back, the gates and a resume all 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeAlias
 
 import attrs
 import trio
 
-from .._exceptions import MaxTurnsExceeded, NeedsCredential, UsageError
+from .._exceptions import MaxTurnsExceeded, NeedsCredential, StoreError, UsageError
 from ..messages import ModelRequest, ModelResponse, ToolCall, ToolResult
 from ..models._base import Model, ReasoningChunk, TextChunk
 from ..tools import Tool, ToolContext, tool
@@ -307,14 +308,22 @@ class Agent:
                 return
             await ctx.record_tool_started(turn, call)
             if not ctx.may_start_tool():  # ... while the intent was being journaled
-                await trio.lowlevel.checkpoint_if_cancelled()
+                # The intent is stored, the tool will not run: journal that it did not, also
+                # under an immediate cancel (shielded), so that a resume never tells the model
+                # that a call which never began has an unknown outcome.  If the store fails
+                # here, a resume says "unknown outcome": the safe side.
                 result = ToolResult(
                     call_id=call.id,
                     name=call.name,
                     content=NOT_RUN.format(name=call.name),
                     is_error=True,
                 )
-            elif found is None:
+                with trio.CancelScope(shield=True), contextlib.suppress(StoreError):
+                    await ctx.record_tool_finished(turn, result)
+                    transcript.results[call.id] = result
+                await trio.lowlevel.checkpoint_if_cancelled()
+                return
+            if found is None:
                 known = ", ".join(sorted(self._tools)) or "none"
                 result = ToolResult(
                     call_id=call.id,
