@@ -7,6 +7,7 @@ from typing import Any
 
 import trio
 
+from trio_agents import StoreUnavailableError
 from trio_agents.events import Event, InvocationEnded
 
 
@@ -58,3 +59,36 @@ async def fates_of_calls(
                 callers.start_soon(one, k)
         scope.cancel()
     return fates
+
+
+class Crashable:
+    """A store as one process sees it, that can die: after :meth:`crash` every call of that
+    process fails at once (``StoreUnavailableError``), as if its process had been killed - so
+    what it left in the store (a ``running`` record, its lease, a half-done journal) is what a
+    crash leaves.  The store itself goes on for everyone else."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.dead = False
+
+    def crash(self) -> None:
+        self.dead = True
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self._inner, name)
+        if not callable(found) or name == "aclose":
+            return found
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            if self.dead:
+                await trio.lowlevel.checkpoint()
+                raise StoreUnavailableError("the process is gone")
+            return await found(*args, **kwargs)
+
+        return call
+
+    async def __aenter__(self) -> Crashable:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None

@@ -345,7 +345,8 @@ async def test_a_completed_invocation_cannot_be_taken_again(case: StoreCase) -> 
 
 
 async def test_cancel_requests_persist_merge_and_clear(case: StoreCase) -> None:
-    """Requests persist for other processes, only strengthen, and clear on end or takeover."""
+    """Requests persist for other processes, only strengthen, survive a takeover and clear
+    on the end."""
     with trio.fail_after(10):
         s, clock = case.store, case.clock
         lease = await s.create_invocation(record("i1"), ttl=30)
@@ -380,7 +381,11 @@ async def test_cancel_requests_persist_merge_and_clear(case: StoreCase) -> None:
         stored = (await s.cancel_requests(["i3"]))[0]
         assert (stored.mode, stored.grace) == ("immediate", 2.25)  # the first was immediate
         clock.advance(31)
-        await s.acquire_lease("i3", owner="b", ttl=30)  # a new owner starts with a clean slate
+        # A new owner finds the request: a cancel accepted before a takeover stands (the
+        # resumer ends the run), and only an ending clears it.
+        lease4 = await s.acquire_lease("i3", owner="b", ttl=30)
+        assert await s.cancel_requests(["i3"]) == [stored]
+        await s.append_events(lease4, [end("i3", 1, "cancelled")])
         assert await s.cancel_requests(["i3"]) == []
         assert lease3.epoch == 1
 

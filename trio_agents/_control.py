@@ -110,8 +110,11 @@ class InvocationControl:
         once its lease has lapsed, end it here as a paused one is ended (the store arbitrates:
         if its owner still renews the lease, nothing is done and the owner acts)."""
         record = await self.store.get_invocation(invocation_id)
-        if record.status == "running" and record.lease_expires_at <= time.time():
-            # UsageError: it completed meanwhile, and there is nothing to end.
+        if record.status == "running":
+            # The store decides whether the lease lapsed (by its own clock): while it has not,
+            # taking it fails and the request waits in the store for the owner - or for
+            # whoever resumes the invocation, which then ends it.  UsageError: it completed
+            # meanwhile, and there is nothing to end.
             with contextlib.suppress(UsageError):
                 await self._end_here(record, reason=reason, by=by, orphan=True)
 

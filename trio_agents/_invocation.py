@@ -10,7 +10,9 @@ Start (durable before it returns)
     journals ``started``); only then does the runner start ``_main`` in its nursery.  A
     failure there (``SessionBusy``, ``LeaseError``, a store error) is raised to the caller of
     ``start`` and leaves nothing behind; so does a cancel of the caller (the store's write is
-    one transaction).
+    one transaction).  A resume that finds a cancel request the store accepted before it took
+    the lease applies it (``immediate``: the process it was meant for died before acting on
+    it), so the resumed run ends ``cancelled`` before the agent does anything.
 
 The one ending
     When the body returns or raises, ``_ending`` is set first: from then on a cancel is too late
@@ -556,6 +558,9 @@ class Invocation:
             rec.lease = await env.store.acquire_lease(
                 self.id, owner=env.owner, ttl=env.lease_ttl, exclusive_session=self.exclusive
             )
+            # A cancel the store accepted before this resume (for a run whose process died
+            # before it acted on it) wins: the run ends cancelled before any of it runs.
+            asked = await env.store.cancel_requests([self.id])
             # Number from the head as it is under our lease, not as resume() read it: the
             # previous owner may have written since (its terminal event, when it stopped at
             # its lease deadline), and from now on no one else can.
@@ -576,6 +581,8 @@ class Invocation:
                 session_id=self.session_id,
                 resumed=True,
             )
+            for request in asked:  # immediate, whatever its mode: nothing of the run may run
+                self._apply_cancel("immediate", request.reason, None, request.requested_by)
         assert rec.lease is not None
         self._set_lease_deadline(lease_deadline(rec.lease, sent_at, env.lease_ttl))
 

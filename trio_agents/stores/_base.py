@@ -334,7 +334,11 @@ class Store(BatchStore, Protocol):
     async def acquire_lease(
         self, invocation_id: str, *, owner: str, ttl: float, exclusive_session: bool = True
     ) -> Lease:
-        """Take the invocation for ``owner`` and mark it running again; clear its cancel request.
+        """Take the invocation for ``owner`` and mark it running again.
+
+        A pending cancel request stays (only an ending clears one): a cancel the store
+        accepted wins over a later resume, which reads it (:meth:`cancel_requests`) and ends
+        the invocation ``cancelled`` before anything of it runs.
 
         Allowed when the invocation is not running, or its lease has expired, or ``owner``
         holds it already; never when it ``completed`` (:class:`~trio_agents.UsageError`, checked

@@ -298,7 +298,6 @@ def acquire_lease(
         " lease_expires_at = ?, updated_at = ? WHERE id = ?",
         (owner, epoch, now + ttl, now, invocation_id),
     )
-    tx.run("DELETE FROM cancel_requests WHERE invocation_id = ?", (invocation_id,))
     return Lease(
         invocation_id=invocation_id,
         owner=owner,

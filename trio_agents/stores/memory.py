@@ -213,7 +213,6 @@ class MemoryStore(MemoryBatches):
             lease_expires_at=now + ttl,
             updated_at=now,
         )
-        self._cancels.pop(invocation_id, None)
         return Lease(
             invocation_id=invocation_id,
             owner=owner,

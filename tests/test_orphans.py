@@ -1,0 +1,115 @@
+"""Invocations whose process died: what the store accepted for them stands.
+
+A process is "killed" in-process with :class:`tests._helpers.Crashable`: from the moment it
+crashes, every store call of that runner fails, so the store keeps exactly what a SIGKILL
+would leave (a ``running`` record whose lease lapses, a journal cut off mid-way).  The store's
+clock is moved by hand (``case.clock``) to let a lease lapse.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import trio
+
+from trio_agents import Agent, GateClosed, Runner, tool
+from trio_agents.events import ApprovalRequested
+from trio_agents.messages import ToolCall
+from trio_agents.models import ScriptedModel
+from trio_agents.models.scripted import ScriptedTurn
+
+from ._helpers import Crashable
+from .conftest import StoreCase
+
+
+def deploy_agent(ran: list[str]) -> Agent:
+    @tool(requires_approval=True)
+    async def deploy(service: str) -> str:
+        """Deploy a service."""
+        ran.append(service)
+        return f"deployed {service}"
+
+    calls = (
+        ToolCall(id="c1", name="deploy", arguments='{"service": "api"}'),
+        ToolCall(id="c2", name="deploy", arguments='{"service": "web"}'),
+    )
+    return Agent(
+        name="ops",
+        model=ScriptedModel([ScriptedTurn(tool_calls=calls), "shipped"]),
+        tools=[deploy],
+    )
+
+
+async def park_then_crash(case: StoreCase, agent: Agent, invocation_id: str) -> list[str]:
+    """Run ``agent`` in a runner that dies once the invocation is parked on its approvals;
+    return the approval ids it asked for."""
+    dying = Crashable(case.store)
+    async with trio.open_nursery() as nursery:
+
+        async def doomed(task_status: trio.TaskStatus[None]) -> None:
+            async with Runner(store=dying, owner="dead-process", lease_ttl=30) as runner:  # type: ignore[arg-type]
+                await runner.start(agent, "ship it", invocation_id=invocation_id)
+                task_status.started()
+                await trio.sleep_forever()
+
+        await nursery.start(doomed)
+        with trio.fail_after(10):
+            while True:
+                events = await case.store.load_events(invocation_id)
+                asked = [e.approval_id for e in events if isinstance(e, ApprovalRequested)]
+                if len(asked) == 2:
+                    break
+                await trio.sleep(0.01)
+        dying.crash()
+        nursery.cancel_scope.cancel()
+    record = await case.store.get_invocation(invocation_id)
+    assert (record.status, record.owner) == ("running", "dead-process")
+    return asked
+
+
+async def test_a_cancel_the_store_accepted_wins_over_a_later_resume(case: StoreCase) -> None:
+    """A crashed invocation parked on approvals: a cancel request is accepted (its lease has
+    not lapsed, so nobody can end it yet), then one of its gates is approved, then another
+    process resumes it.  The resume must find the request and end the run ``cancelled``: the
+    approved tool never runs, and a decision on the gate still open raises ``GateClosed``."""
+    ran: list[str] = []
+    agent = deploy_agent(ran)
+    first, second = await park_then_crash(case, agent, "inv-1")
+    async with Runner(store=case.store, owner="survivor", agents=[agent]) as runner:
+        assert await runner.request_cancel("inv-1", mode="after_turn", reason="user pressed stop")
+        assert (await case.store.get_invocation("inv-1")).status == "running"
+        assert await runner.decide("inv-1", first, approved=True)
+        case.clock.advance(60)  # the dead process's lease lapses
+        resumed = await runner.resume("inv-1")
+        with trio.move_on_after(10) as hung:
+            outcome = await resumed.wait()
+        assert not hung.cancelled_caught, "the resumed run went on (parked on its other gate)"
+
+        assert (outcome.status, outcome.reason) == ("cancelled", "user pressed stop")
+        assert ran == [], "an approved tool ran after the cancel was accepted"
+        assert outcome.gates == {first: "approved", second: "cancelled"}
+        with pytest.raises(GateClosed):
+            await runner.decide("inv-1", second, approved=True)
+    assert (await case.store.get_invocation("inv-1")).status == "cancelled"
+    assert await case.store.cancel_requests(["inv-1"]) == []
+
+
+async def test_a_cancel_of_a_crashed_run_waits_for_its_lease_by_the_store_clock(
+    case: StoreCase,
+) -> None:
+    """``request_cancel`` of a crashed invocation ends it at once only once the store says its
+    lease lapsed (the store's clock, not this process's): before that the request waits.
+    The store's clock runs an hour ahead of this process's, as a database server's may."""
+    case.clock.now = time.time() + 3600
+    ran: list[str] = []
+    agent = deploy_agent(ran)
+    await park_then_crash(case, agent, "inv-2")
+    async with Runner(store=case.store, owner="survivor", agents=[agent]) as runner:
+        assert await runner.request_cancel("inv-2", reason="early")
+        assert (await case.store.get_invocation("inv-2")).status == "running"
+        case.clock.advance(60)
+        assert await runner.request_cancel("inv-2", reason="later")
+        record = await case.store.get_invocation("inv-2")
+        assert record.status == "cancelled"
+    assert ran == []
