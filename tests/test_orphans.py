@@ -48,7 +48,7 @@ async def park_then_crash(case: StoreCase, agent: Agent, invocation_id: str) -> 
     async with trio.open_nursery() as nursery:
 
         async def doomed(task_status: trio.TaskStatus[None]) -> None:
-            async with Runner(store=dying, owner="dead-process", lease_ttl=30) as runner:  # type: ignore[arg-type]
+            async with Runner(store=dying, owner="dead-process", lease_ttl=30) as runner:
                 await runner.start(agent, "ship it", invocation_id=invocation_id)
                 task_status.started()
                 await trio.sleep_forever()
