@@ -601,9 +601,16 @@ async def test_session_pages_and_numbering(case: StoreCase) -> None:
             await s.append_session_entry("s1", SessionEntry(seq=6, author="x"))
 
 
+V2_ENTRY = (
+    '{"v":2,"seq":3,"author":"ops","invocation_id":"i2","message":{"kind":"assistant",'
+    '"text":"part"},"state_delta":{},"at":1.0,"status":"cancelled","interrupted":true,'
+    '"reason":"stop"}'
+)
+
+
 async def test_entry_fields_round_trip_and_v1_entries_read(case: StoreCase) -> None:
-    """status, interrupted and reason are stored (entry version 2); version-1 entries still read
-    with their defaults, beside version-2 ones."""
+    """status, interrupted and reason are stored (entry version 2, and the exchange since
+    version 3); version-1 and version-2 entries still read with their defaults."""
     with trio.fail_after(10):
         s = case.store
         await s.create_session("s1")
@@ -623,9 +630,11 @@ async def test_entry_fields_round_trip_and_v1_entries_read(case: StoreCase) -> N
             assert (await other.get_session("s1")).entries == (attrs.evolve(entry, seq=1),)
         v1 = decode_entry(V1_ENTRIES[0], session_id="s1", seq=1)
         assert (v1.status, v1.interrupted, v1.reason) == (None, False, None)
+        v2 = decode_entry(V2_ENTRY, session_id="s1", seq=3)
+        assert (v2.status, v2.interrupted, v2.exchange) == ("cancelled", True, ())
         if case.kind != "memory":
             rows = await case.raw("SELECT data FROM session_entries WHERE seq = 1")
-            assert json.loads(rows[0][0])["v"] == 2
+            assert json.loads(rows[0][0])["v"] == 3
             await case.raw(
                 ("INSERT INTO session_entries (session_id, seq, data) VALUES (?, ?, ?)",
                  ("s1", 2, V1_ENTRIES[1])),

@@ -225,7 +225,7 @@ async def test_policy_at_each_moment(policy: str, moment: str, autojump_clock: A
         request = bot.model.requests[-1]
         assert request.messages[0] == UserMessage(text=FIRST[moment])
         assert request.messages[-1] == UserMessage(text="quick two")
-        said = request.messages[1]
+        said = request.messages[-2]  # after the tool calls the cut-off turn made, if any
         assert isinstance(said, AssistantMessage)
         if moment == "mid_stream":
             assert said.text.startswith("one two")
@@ -236,6 +236,18 @@ async def test_policy_at_each_moment(policy: str, moment: str, autojump_clock: A
             assert said.text == (
                 "[interrupted: preempted by a new message; the approval of deploy was cancelled]"
             )
+            # ... after the call it asked approval for, whose result says it never ran.
+            calls, results = request.messages[1], request.messages[2]
+            assert isinstance(calls, AssistantMessage)
+            assert [c.name for c in calls.tool_calls] == ["deploy"]
+            assert isinstance(results, ToolResultMessage)
+            assert results.results[0].content.startswith("not run:")
+            assert "the approval ended cancelled" in results.results[0].content
+        elif moment == "during_tool":
+            # ... after the call that was cut off, marked so.
+            results = request.messages[2]
+            assert isinstance(results, ToolResultMessage)
+            assert results.results[0].content.startswith("cut off:")
     if moment == "during_tool":
         assert bot.work_started == 1
         assert (bot.work_cancelled, bot.work_done) == ((1, 0) if policy == "preempt" else (0, 1))

@@ -16,6 +16,8 @@ answers whatever is left.  After every scenario:
 * the loop's journal is the same in the store as its ids say (strictly increasing seqs), the
   loop's record is not running and holds no lease;
 * the session holds one user entry per turn and the answer of every turn;
+* every model request pairs each tool call with a result, and every tool result journaled in
+  a turn that did not complete is in every later turn's requests;
 * no task of a loop or of its turns is left.
 
 ``TRIO_AGENTS_FUZZ`` (default 240) sets the count as for the cancel fuzz: a quarter of it runs
@@ -43,11 +45,12 @@ from trio_agents.events import (
     LoopTurnEnded,
     LoopTurnStarted,
     MessageReceived,
+    ToolCallFinished,
 )
-from trio_agents.messages import ModelRequest, ToolResultMessage, UserMessage
+from trio_agents.messages import AssistantMessage, ModelRequest, ToolResultMessage, UserMessage
 from trio_agents.models import ScriptedModel, ScriptedTurn
 from trio_agents.stores import JournalWrite, MemoryStore, Store
-from trio_agents.tools import tool
+from trio_agents.tools import ToolContext, tool
 
 from ._helpers import live_task_names
 
@@ -90,16 +93,16 @@ def make_agent(rng: random.Random) -> Agent:
         return ScriptedTurn.text(f"re {last.text}", delay=0.01)
 
     @tool
-    async def work() -> str:
+    async def work(ctx: ToolContext) -> str:
         """Work a while."""
         await trio.sleep(rng.random())
-        return "worked"
+        return f"worked in {ctx.invocation_id}"
 
     @tool(requires_approval=True)
-    async def deploy(service: str) -> str:
+    async def deploy(service: str, ctx: ToolContext) -> str:
         """Deploy."""
         await trio.lowlevel.checkpoint()
-        return f"{service} deployed"
+        return f"{service} deployed in {ctx.invocation_id}"
 
     return Agent(name="bot", model=ScriptedModel(script), tools=[work, deploy])
 
@@ -193,7 +196,49 @@ async def last_opening(runner: ta.Runner, agent: Agent) -> None:
             await answer_everything(runner, loop)
 
 
-async def check(store: Store, refused: list[str], seed: int) -> None:
+def check_conversation(
+    requests: Sequence[ModelRequest],
+    claims: Sequence[LoopTurnStarted],
+    inputs: dict[str, str],
+    journals: dict[str, list[Event]],
+    interrupted: set[str],
+    where: str,
+) -> None:
+    """Every request pairs each tool call with a result, and every tool result journaled in
+    a turn that did not complete is in every later turn's requests (the model is never left
+    to redo what a cut-off turn did)."""
+    for request in requests:
+        messages = list(request.messages)
+        for i, message in enumerate(messages):
+            if isinstance(message, AssistantMessage) and message.tool_calls:
+                after = messages[i + 1] if i + 1 < len(messages) else None
+                assert isinstance(after, ToolResultMessage), (where, "calls without results")
+                assert [r.call_id for r in after.results] == [c.id for c in message.tool_calls]
+    by_input: dict[str, list[ModelRequest]] = {}
+    for request in requests:
+        users = [m for m in request.messages if isinstance(m, UserMessage)]
+        by_input.setdefault(users[-1].text, []).append(request)
+    for k, claim in enumerate(claims):
+        if claim.turn_id not in interrupted:
+            continue
+        done = [
+            e.result.content for e in journals[claim.turn_id] if isinstance(e, ToolCallFinished)
+        ]
+        for later in claims[k + 1 :]:
+            for request in by_input.get(inputs[later.turn_id], []):
+                seen = {
+                    r.content
+                    for m in request.messages
+                    if isinstance(m, ToolResultMessage)
+                    for r in m.results
+                }
+                missing = [c for c in done if c not in seen]
+                assert not missing, (where, "a later turn forgot", missing, later.turn_id)
+
+
+async def check(
+    store: Store, refused: list[str], seed: int, requests: Sequence[ModelRequest] = ()
+) -> None:
     where = f"seed {seed}"
     loop_events = await store.load_events("loop:s1")
     seqs = [e.seq for e in loop_events]
@@ -221,6 +266,11 @@ async def check(store: Store, refused: list[str], seed: int) -> None:
     assert len(users) == len(claims), where
     answered = {e.invocation_id for e in session.entries if e.author == "bot"}
     assert answered == {c.turn_id for c in claims}, where
+    latest = {e.invocation_id: e for e in session.entries if e.author == "bot"}
+    interrupted = {i for i, e in latest.items() if i is not None and e.interrupted}
+    inputs = {c.turn_id: (await store.get_invocation(c.turn_id)).input for c in claims}
+    journals = {c.turn_id: await store.load_events(c.turn_id) for c in claims}
+    check_conversation(requests, claims, inputs, journals, interrupted, where)
     assert not [n for n in live_task_names() if n.startswith(("turn loop", "invocation"))], where
 
 
@@ -234,7 +284,7 @@ async def scenario(seed: int, inner: Store) -> None:
         for _ in range(rng.randint(1, 3)):
             await opening(runner, agent, rng, policy, refused)
         await last_opening(runner, agent)
-    await check(inner, refused, seed)
+    await check(inner, refused, seed, agent.model.requests)  # type: ignore[attr-defined]
 
 
 def seeds(count: int, base: int) -> list[int]:

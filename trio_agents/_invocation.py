@@ -48,10 +48,13 @@ from ._run_context import InvocationContext
 from ._stream import EventStream
 from ._writer import JournalWriter
 from .agents._context import AgentLike, PauseRequested, StopRequested
+from .agents._transcript import EXCHANGE_EVENTS, exchange_of
 from .events import (
+    ApprovalDecided,
     CancelMode,
     CancelRequested,
     ErrorInfo,
+    Event,
     InvocationStarted,
     Status,
     TurnFinished,
@@ -173,6 +176,7 @@ class Invocation:
         "_lease_deadline",
         "_lease_trouble",
         "_mode",
+        "_noted",
         "_outcome",
         "_reason",
         "_scope",
@@ -225,6 +229,9 @@ class Invocation:
         self._cancelled_by: str | None = None
         self._ending = False
         self._history: list[Message] = []
+        # The journal's turns and tool events, for the session's answer when the run does
+        # not complete (exchange_of): kept for an invocation of a session only.
+        self._noted: list[Event] | None = [] if session_id is not None else None
         self.recorder = Recorder(
             invocation_id, writer=env.writer, head=(0, 0), log_limit=env.log_limit
         )
@@ -352,6 +359,11 @@ class Invocation:
 
     def _history_so_far(self) -> list[Message]:
         return self._history
+
+    def _note(self, event: Event) -> None:
+        """A turn or tool event was journaled (see ``_noted``)."""
+        if self._noted is not None:
+            self._noted.append(event)
 
     def _say_cancel(self) -> None:
         self._unsaid_cancel = False
@@ -569,6 +581,8 @@ class Invocation:
             journal = await env.store.load_events(self.id)
             self._ctx = InvocationContext(self, journal, "", self.input)
             self._gate_tally = approvals.tally(journal)
+            if self._noted is not None:
+                self._noted = [e for e in journal if isinstance(e, EXCHANGE_EVENTS)]
             for event in journal:
                 if isinstance(event, TurnFinished):
                     self._usage = self._usage + event.usage
@@ -616,6 +630,14 @@ class Invocation:
             return []
         return approvals.end_events(self._gate_tally, standing)
 
+    def _closing_events(self, closing: list[tuple[type[Any], dict[str, Any]]]) -> list[Event]:
+        """The gate ends a cancel is about to journal, as events (unstamped: read only)."""
+        return [
+            cls(invocation_id=self.id, seq=0, at=0.0, **fields)
+            for cls, fields in closing
+            if cls is ApprovalDecided
+        ]
+
     async def _finish(
         self, status: Status, output: str, error: BaseException | None, pending: tuple[str, ...]
     ) -> None:
@@ -658,6 +680,13 @@ class Invocation:
             )
             if note:
                 said = f"{reason}; {note}" if reason else note
+            exchange: tuple[Message, ...] = ()
+            if status != "completed" and self._noted:
+                # The tools it called, each with its result or a note that it was cut off:
+                # the next turn must not do again what this one did (before=closing: the
+                # gate ends the cancel makes).
+                noted = [*self._noted, *self._closing_events(closing)]
+                exchange = exchange_of(noted, reason or status)
             entry = SessionEntry(
                 seq=0,
                 author=self.agent.name,
@@ -666,6 +695,7 @@ class Invocation:
                 status=status,
                 interrupted=status != "completed",
                 reason=said,
+                exchange=exchange,
             )
         ended, store_error = await self.recorder.end(
             fields, entry, timeout=self._env.cleanup_timeout, before=closing

@@ -105,9 +105,10 @@ def leaf(exc: BaseException) -> BaseException:
 
 def history_of(entries: Iterable[SessionEntry], invocation_id: str) -> list[Message]:
     """The conversation a session's entries hold, for the model: each earlier invocation's
-    question and its latest answer; an interrupted answer is marked so."""
-    messages: list[Message] = []
-    answers: dict[str, int] = {}  # invocation id -> index of its answer in messages
+    question and its latest answer; an interrupted answer is marked so, after the tool calls
+    it made, each with its result or a note that it was cut off (``SessionEntry.exchange``)."""
+    groups: list[list[Message]] = []
+    answers: dict[str, int] = {}  # invocation id -> index of its answer's group
     for entry in entries:
         if entry.invocation_id == invocation_id or entry.message is None:
             continue
@@ -117,14 +118,15 @@ def history_of(entries: Iterable[SessionEntry], invocation_id: str) -> list[Mess
             message = attrs.evolve(
                 message, text=f"{message.text}\n\n{note}" if message.text else note
             )
+        group = [*entry.exchange, message]
         if isinstance(message, AssistantMessage) and entry.invocation_id is not None:
             index = answers.get(entry.invocation_id)
             if index is not None:  # a resumed invocation answered again: keep the latest
-                messages[index] = message
+                groups[index] = group
                 continue
-            answers[entry.invocation_id] = len(messages)
-        messages.append(message)
-    return messages
+            answers[entry.invocation_id] = len(groups)
+        groups.append(group)
+    return [message for group in groups for message in group]
 
 
 def joined(partials: Mapping[str, str]) -> str:

@@ -48,6 +48,10 @@ class ContextHost(Protocol):
 
     def _history_so_far(self) -> Sequence[Message]: ...
 
+    def _note(self, event: Event) -> None:
+        """A turn, a tool call's intent or result, or a gate event was journaled."""
+        ...
+
     def _stopping(self) -> bool:
         """A cancel of any mode was asked for (a safe point must stop)."""
         ...
@@ -135,7 +139,7 @@ class InvocationContext:
         self._rec.publish_ephemeral(ReasoningDelta, path=self.path, turn=turn, text=text)
 
     async def record_turn(self, turn: int, response: ModelResponse) -> None:
-        await self._rec.record(
+        event = await self._rec.record(
             TurnFinished,
             path=self.path,
             turn=turn,
@@ -143,15 +147,20 @@ class InvocationContext:
             usage=response.usage,
             finish_reason=response.finish_reason,
         )
+        self._inv._note(event)
         self._inv._add_usage(response.usage)
         self._text.last = response.message.text
         self._text.partial = []
 
     async def record_tool_started(self, turn: int, call: ToolCall) -> None:
-        await self._rec.record(ToolCallStarted, path=self.path, turn=turn, call=call)
+        self._inv._note(
+            await self._rec.record(ToolCallStarted, path=self.path, turn=turn, call=call)
+        )
 
     async def record_tool_finished(self, turn: int, result: ToolResult) -> None:
-        await self._rec.record(ToolCallFinished, path=self.path, turn=turn, result=result)
+        self._inv._note(
+            await self._rec.record(ToolCallFinished, path=self.path, turn=turn, result=result)
+        )
 
     async def record_step_finished(self, output: str) -> None:
         event = await self._rec.record(StepFinished, path=self.path, output=output)
@@ -219,6 +228,7 @@ class InvocationContext:
 
     async def record_gate(self, cls: type[Any], **fields: Any) -> None:
         event = await self._rec.record(cls, path=self.path, **fields)
+        self._inv._note(event)
         known = self._inv._known_gates()
         if isinstance(event, approvals.REQUESTS):
             known[approvals.id_of(event)] = approvals.info_of(event)

@@ -58,6 +58,7 @@ from ._exceptions import GateClosed, LeaseError, StoreError, UsageError
 from ._recorder import Recorder
 from ._writer import JournalWriter
 from .agents._context import ApprovalAnswer, GateSpec, PauseRequested, StopRequested
+from .agents._transcript import exchange_of
 from .events import (
     ApprovalDecided,
     ApprovalRequested,
@@ -68,7 +69,7 @@ from .events import (
     ResultRequested,
     ResultSubmitted,
 )
-from .messages import ToolCall, ToolResult
+from .messages import AssistantMessage, ToolCall, ToolResult
 from .stores._base import ApprovalDecision, InvocationRecord, SessionEntry, Store
 
 __all__ = [
@@ -789,13 +790,20 @@ async def cancel_paused(
         cancelled = True
     entry = None
     if record.session_id is not None and cancelled:
+        closed = [
+            cls(invocation_id=record.id, seq=0, at=0.0, **more)
+            for cls, more in before
+            if cls is ApprovalDecided
+        ]
         entry = SessionEntry(
             seq=0,
             author=record.agent,
             invocation_id=record.id,
+            message=AssistantMessage(text=fields["output"]),
             status="cancelled",
             interrupted=True,
             reason=reason,
+            exchange=exchange_of([*events, *closed], reason or "cancelled"),
         )
     _, error = await rec.end(fields, entry, timeout=cleanup_timeout, before=before)
     if error is not None:

@@ -202,6 +202,10 @@ class Requests:
     decisions: tuple[ApprovalDecision, ...] = attrs.field(default=(), converter=_decisions)
 
 
+def _messages(value: Iterable[Message]) -> tuple[Message, ...]:
+    return tuple(value)
+
+
 @attrs.frozen(kw_only=True)
 class SessionEntry:
     """One entry of a session's append-only history.
@@ -215,7 +219,11 @@ class SessionEntry:
 
     ``status``, ``interrupted`` and ``reason`` say how the invocation this entry answers ended
     (``"completed"``, ``"cancelled"``, ``"failed"``, ``"paused"``; interrupted part-way; why).
-    Entries of stored form version 1 read with their defaults.
+    ``exchange`` holds the tool calls an interrupted answer made before ``message``, as the
+    model sees them: each assistant turn that called tools, followed by the results of all
+    its calls (a call cut off, or never started, has a result saying so), so the next turn's
+    model knows what already happened.  Entries of stored form versions 1 and 2 read with
+    their defaults.
     """
 
     seq: int
@@ -229,6 +237,7 @@ class SessionEntry:
     status: str | None = None
     interrupted: bool = False
     reason: str | None = None
+    exchange: tuple[Message, ...] = attrs.field(default=(), converter=_messages)
 
 
 def _entries(value: Iterable[SessionEntry]) -> tuple[SessionEntry, ...]:

@@ -7,8 +7,9 @@ This module adds the stored form of session entries and states, and the one plac
 that cannot be read becomes a :class:`~trio_agents.CorruptRecordError` naming what it belongs
 to.
 
-Session entries: version 2 adds ``status``, ``interrupted`` and ``reason``; version 1 entries
-(without them) still read, with their defaults.
+Session entries: version 2 adds ``status``, ``interrupted`` and ``reason``; version 3 adds
+``exchange`` (an interrupted answer's tool calls and their results); earlier entries (without
+them) still read, with their defaults.
 """
 
 from __future__ import annotations
@@ -64,11 +65,15 @@ __all__ = [
     "session_busy",
 ]
 
-SESSION_ENTRY_VERSION: Final = 2
+SESSION_ENTRY_VERSION: Final = 3
 _ENTRY_FIELDS: Final = frozenset(
     {"v", "seq", "author", "invocation_id", "message", "state_delta", "at"}
 )
-_ENTRY_FIELDS_V2: Final = _ENTRY_FIELDS | {"status", "interrupted", "reason"}
+_ENTRY_FIELDS_BY_VERSION: Final = {
+    1: _ENTRY_FIELDS,
+    2: _ENTRY_FIELDS | {"status", "interrupted", "reason"},
+    3: _ENTRY_FIELDS | {"status", "interrupted", "reason", "exchange"},
+}
 
 
 def _check_json(value: Any, where: str) -> None:
@@ -316,6 +321,7 @@ def encode_entry(entry: SessionEntry) -> str:
         "status": entry.status,
         "interrupted": entry.interrupted,
         "reason": entry.reason,
+        "exchange": [encode_message(m) for m in entry.exchange],
     }
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
@@ -333,7 +339,7 @@ def decode_entry(text: str | bytes, *, session_id: str, seq: int) -> SessionEntr
     if not isinstance(data, dict):
         raise _corrupt_entry(session_id, seq, "not a JSON object")
     version = data.get("v")
-    if version not in (1, SESSION_ENTRY_VERSION):
+    if version not in _ENTRY_FIELDS_BY_VERSION:
         if isinstance(version, int) and version > SESSION_ENTRY_VERSION:
             why = (
                 f"written by a newer trio_agents (version {version}, this one reads "
@@ -349,6 +355,7 @@ def decode_entry(text: str | bytes, *, session_id: str, seq: int) -> SessionEntr
         data.get("interrupted", False),
         data.get("reason"),
     )
+    exchange = data.get("exchange", [])
     if (
         data.get("seq") != seq
         or not isinstance(author, str)
@@ -358,11 +365,13 @@ def decode_entry(text: str | bytes, *, session_id: str, seq: int) -> SessionEntr
         or not (status is None or isinstance(status, str))
         or not isinstance(interrupted, bool)
         or not (reason is None or isinstance(reason, str))
-        or set(data) != (_ENTRY_FIELDS if version == 1 else _ENTRY_FIELDS_V2)
+        or not isinstance(exchange, list)
+        or set(data) != _ENTRY_FIELDS_BY_VERSION[version]
     ):
         raise _corrupt_entry(session_id, seq, f"unexpected fields or types in {data!r:.200}")
     try:
         decoded = decode_message(message) if message is not None else None
+        exchanged = tuple(decode_message(m) for m in exchange)
     except CorruptRecordError as exc:
         raise _corrupt_entry(session_id, seq, str(exc)) from exc
     return SessionEntry(
@@ -375,6 +384,7 @@ def decode_entry(text: str | bytes, *, session_id: str, seq: int) -> SessionEntr
         status=status,
         interrupted=interrupted,
         reason=reason,
+        exchange=exchanged,
     )
 
 
