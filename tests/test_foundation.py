@@ -274,6 +274,23 @@ async def test_events_of_an_ended_invocation_replay_from_the_store(
     assert ids(tail) == [i for i in ids(events) if i > (1, 2)]
 
 
+async def test_a_reader_that_starts_at_the_end_ends_at_once(case: StoreCase) -> None:
+    """``runner.events(id, after_seq=<the terminal event's id>)`` of an invocation that ended
+    (what a browser's ``EventSource`` asks after every normal end) returns nothing and ends at
+    once, on every store: it does not wait for events that will never come."""
+    async with Runner(store=case.store) as runner:
+        outcome = await runner.run(branch("A", 3, 0.0), "go")
+        events = [e async for e in runner.events(outcome.invocation_id)]
+        last = events[-1]
+        assert last.kind == "ended"
+        with trio.fail_after(5):
+            after_end = [
+                e async for e in runner.events(outcome.invocation_id, after_seq=(last.seq, 0))
+            ]
+            past_end = [e async for e in runner.events(outcome.invocation_id, after_seq=99)]
+    assert after_end == past_end == []
+
+
 async def test_a_slow_reader_continues_from_the_store(autojump_clock: trio.abc.Clock) -> None:
     """The live log is bounded; a reader that falls behind reads the rest from the store."""
     words = tuple(f"w{i} " for i in range(300))

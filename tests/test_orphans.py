@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from trio_agents import Agent, GateClosed, Runner, tool
-from trio_agents.events import ApprovalRequested
+from trio_agents.events import ApprovalRequested, Event, InvocationEnded, InvocationStarted
 from trio_agents.messages import ToolCall
 from trio_agents.models import ScriptedModel
 from trio_agents.models.scripted import ScriptedTurn
@@ -113,3 +113,87 @@ async def test_a_cancel_of_a_crashed_run_waits_for_its_lease_by_the_store_clock(
         record = await case.store.get_invocation("inv-2")
         assert record.status == "cancelled"
     assert ran == []
+
+
+def streaming_agent() -> Agent:
+    """Answers each message with 30 words, streamed one by one (real time: 0.6 s)."""
+    return Agent(
+        name="talker",
+        model=ScriptedModel(
+            lambda request: ScriptedTurn(chunks=tuple(f"w{i} " for i in range(30)), delay=0.02)
+        ),
+    )
+
+
+def check_loop_reading(events: list[Event], where: str) -> None:
+    """One cursor's reading of a loop: the loop's own ids strictly increase; each turn's ids
+    strictly increase over all its runs (never repeated, never backwards), and each run of it
+    has at most one ``ended``."""
+    loop_ids = [(e.seq, e.sub) for e in events if e.invocation_id.startswith("loop:")]
+    assert loop_ids == sorted(set(loop_ids)), f"{where}: loop ids {loop_ids}"
+    turns: dict[str, list[Event]] = {}
+    for e in events:
+        if not e.invocation_id.startswith("loop:"):
+            turns.setdefault(e.invocation_id, []).append(e)
+    for turn_id, got in turns.items():
+        ids = [(e.seq, e.sub) for e in got]
+        assert ids == sorted(set(ids)), f"{where}: turn {turn_id} ids repeat or go back: {ids}"
+        runs = [e for e in got if isinstance(e, InvocationStarted)]
+        ends = [e for e in got if isinstance(e, InvocationEnded)]
+        assert len(ends) <= len(runs), f"{where}: {len(ends)} endings of {len(runs)} runs"
+
+
+async def test_a_loop_cursor_after_a_crash_reads_each_turn_once(case: StoreCase) -> None:
+    """A turn loop dies mid-turn (its process killed) and is opened again elsewhere, which
+    resumes the turn.  A fresh reader of the loop's events, from the start and from every
+    cursor it was handed, sees each event of the turn once, ids strictly increasing, one
+    ending of the turn: it does not follow the dead run into the resumed one and then follow
+    the resumed one again."""
+    agent = streaming_agent()
+    dying = Crashable(case.store)
+    async with trio.open_nursery() as nursery:
+
+        async def doomed(task_status: trio.TaskStatus[None]) -> None:
+            async with (
+                Runner(store=dying, owner="dead-process", lease_ttl=30) as runner,
+                runner.open_turn_loop(agent, session_id="s1") as loop,
+            ):
+                await loop.send("hello")
+                task_status.started()
+                await trio.sleep_forever()
+
+        await nursery.start(doomed)
+        with trio.fail_after(10):
+            while True:
+                claims = [
+                    e
+                    for e in await case.store.load_events("loop:s1")
+                    if e.kind == "loop_turn_started"
+                ]
+                if claims and len(await case.store.read_events(claims[0].turn_id)) > 5:
+                    break
+                await trio.sleep(0.01)
+        dying.crash()
+        nursery.cancel_scope.cancel()
+    case.clock.advance(60)  # the dead process's leases lapse
+    async with (
+        Runner(store=case.store, agents=[agent]) as runner,
+        runner.open_turn_loop(agent, session_id="s1") as loop,
+    ):
+        with trio.fail_after(20):
+            await loop.idle()
+    async with Runner(store=case.store) as reader:
+        with trio.fail_after(20):
+            everything: list[Event] = []
+            cursors: list[str] = []
+            stream = reader.loop_events("s1")
+            async for event in stream:
+                everything.append(event)
+                cursors.append(stream.cursor)
+        check_loop_reading(everything, "from the start")
+        ends = [e for e in everything if isinstance(e, InvocationEnded)]
+        assert [e.status for e in ends if not e.invocation_id.startswith("loop:")] == ["completed"]
+        for i in range(0, len(cursors), max(1, len(cursors) // 12)):
+            with trio.fail_after(20):
+                rest = [e async for e in reader.loop_events("s1", after=cursors[i])]
+            assert rest == everything[i + 1 :], f"from cursor {cursors[i]!r}"

@@ -162,6 +162,7 @@ class Invocation:
 
     # Slots: a runner holds thousands of these; an instance dict costs a KiB or two each.
     __slots__ = (
+        "_by_loop",
         "_cancelled_by",
         "_creds",
         "_ctx",
@@ -205,6 +206,7 @@ class Invocation:
         session_id: str | None,
         resumed: bool,
         exclusive: bool = True,
+        by_loop: bool = False,
     ) -> None:
         self.id = invocation_id
         self.agent = agent
@@ -213,6 +215,7 @@ class Invocation:
         self.session_id = session_id
         self.resumed = resumed
         self.exclusive = exclusive
+        self._by_loop = by_loop  # a turn resumed by its loop (see InvocationStarted.by_loop)
         self._env = env
         self._token = trio.lowlevel.current_trio_token()
         self._scope = trio.CancelScope()
@@ -594,6 +597,7 @@ class Invocation:
                 user_id=self.user_id,
                 session_id=self.session_id,
                 resumed=True,
+                by_loop=self._by_loop,
             )
             for request in asked:  # immediate, whatever its mode: nothing of the run may run
                 self._apply_cancel("immediate", request.reason, None, request.requested_by)

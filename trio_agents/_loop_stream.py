@@ -7,7 +7,14 @@ from collections.abc import Callable
 from ._exceptions import UsageError
 from ._recorder import Recorder
 from ._stream import EventStream
-from .events import Event, EventId, InvocationEnded, LoopTurnStarted, parse_event_id
+from .events import (
+    Event,
+    EventId,
+    InvocationEnded,
+    InvocationStarted,
+    LoopTurnStarted,
+    parse_event_id,
+)
 from .stores._base import Store
 
 __all__ = ["LoopEventStream", "id_text"]
@@ -25,6 +32,11 @@ class LoopEventStream:
     :attr:`cursor` is where a reader resumes: ``"12"`` after the loop's event 12 (or after
     the whole turn that event 12 started), ``"12/41.3"`` after event ``41.3`` of the turn
     event 12 started.  Made by :meth:`TurnLoop.events` and :meth:`Runner.loop_events`.
+
+    A turn whose loop died with it and that a later opening of the loop resumed has two
+    claims: the first, whose part of the turn ends where the resumed run begins (its
+    ``started`` event says ``by_loop``), and the resumed one, which reads on from there.  So
+    every event of the turn is read once, in id order, whatever cursor a reader starts from.
     """
 
     def __init__(
@@ -54,6 +66,7 @@ class LoopEventStream:
             this_run_only_ends=live is not None,
         )
         self._turn: EventStream | None = None
+        self._claimed_run: EventId | None = None  # the started event of a resumed claim's run
 
     @property
     def cursor(self) -> str:
@@ -64,7 +77,12 @@ class LoopEventStream:
     def __aiter__(self) -> LoopEventStream:
         return self
 
-    def _follow_turn(self, turn_id: str, after: EventId) -> None:
+    def _follow_turn(self, claim: LoopTurnStarted, after: EventId) -> None:
+        """Read ``claim``'s turn after ``after``, up to its next ending - or up to the start
+        of a later run that another claim of the loop (a resumed one) reads."""
+        claimed_after = parse_event_id(claim.after)
+        self._claimed_run = (claimed_after[0] + 1, 0) if claim.resumed else None
+        turn_id = claim.turn_id
         self._turn = EventStream(
             self._store,
             turn_id,
@@ -84,12 +102,18 @@ class LoopEventStream:
                     f"{self._loop_id!r} is not the start of a turn"
                 )
             assert self._inner is not None
-            self._follow_turn(claim.turn_id, self._inner)
+            self._follow_turn(claim, self._inner)
         if self._turn is not None:
             try:
                 event = await self._turn.__anext__()
             except StopAsyncIteration:  # its run ended here without a stored end
                 event = None
+            if (
+                isinstance(event, InvocationStarted)
+                and event.by_loop
+                and (event.seq, event.sub) != self._claimed_run
+            ):
+                event = None  # a run its loop resumed: its resumed claim reads it
             if event is not None:
                 self._inner = (event.seq, event.sub)
                 if isinstance(event, InvocationEnded):
@@ -104,7 +128,7 @@ class LoopEventStream:
         if isinstance(event, LoopTurnStarted):
             after = parse_event_id(event.after)
             self._inner = after
-            self._follow_turn(event.turn_id, after)
+            self._follow_turn(event, after)
         return event
 
 

@@ -198,7 +198,12 @@ class ErrorInfo:
 
 @attrs.frozen(kw_only=True)
 class InvocationStarted:
-    """The invocation began (or was resumed: ``resumed`` is true)."""
+    """The invocation began (or was resumed: ``resumed`` is true).
+
+    ``by_loop``: a turn resumed by its turn loop, which journals a resumed claim
+    (``loop_turn_started``, ``resumed``) for this run: a reader of the loop's events reaches
+    this run through that claim, not by reading on from the run before it.
+    """
 
     kind: Literal["started"] = "started"
     invocation_id: str
@@ -210,6 +215,7 @@ class InvocationStarted:
     user_id: str | None = None
     session_id: str | None = None
     resumed: bool = False
+    by_loop: bool = False
 
 
 @attrs.frozen(kw_only=True)

@@ -434,6 +434,7 @@ class Runner(InvocationControl):
         *,
         agent: AgentLike | None,
         exclusive: bool,
+        by_loop: bool = False,
     ) -> Invocation:
         _, env = self._check_open()
         if invocation_id in self._active:
@@ -457,6 +458,7 @@ class Runner(InvocationControl):
             session_id=record.session_id,
             resumed=True,
             exclusive=exclusive,
+            by_loop=by_loop,
         )
         await self._launch(nursery, inv)
         return inv
@@ -599,7 +601,9 @@ class Runner(InvocationControl):
     async def _resume_turn(
         self, invocation_id: str, *, agent: AgentLike, nursery: trio.Nursery
     ) -> Invocation:
-        return await self._resume_in(nursery, invocation_id, agent=agent, exclusive=True)
+        return await self._resume_in(
+            nursery, invocation_id, agent=agent, exclusive=True, by_loop=True
+        )
 
     def _live_recorder(self, invocation_id: str) -> Recorder | None:
         inv = self._active.get(invocation_id)
