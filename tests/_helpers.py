@@ -8,7 +8,7 @@ from typing import Any
 import trio
 
 from trio_agents import StoreUnavailableError
-from trio_agents.events import Event, InvocationEnded
+from trio_agents.events import Event, InvocationEnded, InvocationStarted
 
 
 def live_task_names() -> list[str]:
@@ -92,3 +92,21 @@ class Crashable:
 
     async def __aexit__(self, *exc: object) -> None:
         return None
+
+
+def check_loop_reading(events: list[Event], where: str) -> None:
+    """One cursor's reading of a loop: the loop's own ids strictly increase; each turn's ids
+    strictly increase over all its runs (never repeated, never backwards), and each run of it
+    has at most one ``ended``."""
+    loop_ids = [(e.seq, e.sub) for e in events if e.invocation_id.startswith("loop:")]
+    assert loop_ids == sorted(set(loop_ids)), f"{where}: loop ids {loop_ids}"
+    turns: dict[str, list[Event]] = {}
+    for e in events:
+        if not e.invocation_id.startswith("loop:"):
+            turns.setdefault(e.invocation_id, []).append(e)
+    for turn_id, got in turns.items():
+        ids = [(e.seq, e.sub) for e in got]
+        assert ids == sorted(set(ids)), f"{where}: turn {turn_id} ids repeat or go back: {ids}"
+        runs = [e for e in got if isinstance(e, InvocationStarted)]
+        ends = [e for e in got if isinstance(e, InvocationEnded)]
+        assert len(ends) <= len(runs), f"{where}: {len(ends)} endings of {len(runs)} runs"

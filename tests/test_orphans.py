@@ -14,12 +14,12 @@ import pytest
 import trio
 
 from trio_agents import Agent, GateClosed, Runner, tool
-from trio_agents.events import ApprovalRequested, Event, InvocationEnded, InvocationStarted
+from trio_agents.events import ApprovalRequested, Event, InvocationEnded
 from trio_agents.messages import ToolCall
 from trio_agents.models import ScriptedModel
 from trio_agents.models.scripted import ScriptedTurn
 
-from ._helpers import Crashable
+from ._helpers import Crashable, check_loop_reading
 from .conftest import StoreCase
 
 
@@ -123,24 +123,6 @@ def streaming_agent() -> Agent:
             lambda request: ScriptedTurn(chunks=tuple(f"w{i} " for i in range(30)), delay=0.02)
         ),
     )
-
-
-def check_loop_reading(events: list[Event], where: str) -> None:
-    """One cursor's reading of a loop: the loop's own ids strictly increase; each turn's ids
-    strictly increase over all its runs (never repeated, never backwards), and each run of it
-    has at most one ``ended``."""
-    loop_ids = [(e.seq, e.sub) for e in events if e.invocation_id.startswith("loop:")]
-    assert loop_ids == sorted(set(loop_ids)), f"{where}: loop ids {loop_ids}"
-    turns: dict[str, list[Event]] = {}
-    for e in events:
-        if not e.invocation_id.startswith("loop:"):
-            turns.setdefault(e.invocation_id, []).append(e)
-    for turn_id, got in turns.items():
-        ids = [(e.seq, e.sub) for e in got]
-        assert ids == sorted(set(ids)), f"{where}: turn {turn_id} ids repeat or go back: {ids}"
-        runs = [e for e in got if isinstance(e, InvocationStarted)]
-        ends = [e for e in got if isinstance(e, InvocationEnded)]
-        assert len(ends) <= len(runs), f"{where}: {len(ends)} endings of {len(runs)} runs"
 
 
 async def test_a_loop_cursor_after_a_crash_reads_each_turn_once(case: StoreCase) -> None:
