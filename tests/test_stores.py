@@ -29,6 +29,7 @@ import trio
 from trio_agents import (
     CorruptRecordError,
     InvocationNotFound,
+    Job,
     LeaseError,
     SessionBusy,
     SessionNotFound,
@@ -56,6 +57,7 @@ from trio_agents.stores import (
     Store,
     open_store,
 )
+from trio_agents.stores._batches import job_invocation_id
 from trio_agents.stores._records import decode_entry
 from trio_agents.stores._sql import MIGRATIONS
 from trio_agents.stores._threads import INTERRUPTER_NAME, WORKER_NAME
@@ -1213,3 +1215,36 @@ def test_fixture_files_are_the_first_version() -> None:
     assert all(json.loads(line)["v"] == 1 for line in [*V1_EVENTS, *V1_ENTRIES])
     assert not any("path" in json.loads(line) for line in V1_EVENTS)
     assert not (FIXTURES / "journal.db-wal").exists()
+
+
+async def test_orphans_are_the_lapsed_running_invocations_of_the_agents_asked(
+    case: StoreCase,
+) -> None:
+    """``orphans`` lists running invocations whose lease lapsed by the store's clock, of the
+    agents named, longest lapsed first - not paused or ended ones, not live ones, not another
+    agent's, not a batch's jobs - and works on a database made before its index existed."""
+    with trio.fail_after(10):
+        s, clock = case.store, case.clock
+        await s.create_invocation(record("early"), ttl=10)
+        await s.create_invocation(record("late"), ttl=20)
+        await s.create_invocation(record("live"), ttl=3600)
+        await s.create_invocation(
+            InvocationRecord(id="theirs", agent="other", input="go", owner="a"), ttl=10
+        )
+        ended = await s.create_invocation(record("ended"), ttl=10)
+        await s.append_events(ended, [end("ended", 1, "cancelled")])
+        await s.open_batch("b", "ops")
+        await s.add_jobs("b", [Job(key="k1", prompt="go")])
+        job_id = job_invocation_id("b", "k1")
+        await s.create_invocation(record(job_id), ttl=10)
+        assert await s.orphans(["ops"]) == []
+        clock.advance(30)
+        found = await s.orphans(["ops", "nobody"])
+        assert [r.id for r in found] == ["early", "late"]
+        assert [r.id for r in await s.orphans(["ops"], limit=1)] == ["early"]
+        assert [r.id for r in await s.orphans(["other", "ops"])] == ["early", "theirs", "late"]
+        assert await s.orphans([]) == []
+        await s.acquire_lease("early", owner="b", ttl=30)  # taken over: no longer an orphan
+        assert [r.id for r in await s.orphans(["ops"])] == ["late"]
+        with pytest.raises(UsageError):
+            await s.orphans(["ops"], limit=-1)

@@ -340,6 +340,17 @@ class Store(BatchStore, Protocol):
         and of ``session_id``."""
         ...
 
+    async def orphans(self, agents: Sequence[str], *, limit: int = 100) -> list[InvocationRecord]:
+        """Invocations ``running`` whose lease has lapsed (by the store's clock), of one of
+        ``agents`` (names), longest lapsed first, at most ``limit``: what a recovering runner
+        takes over (see :mod:`trio_agents._recovery`).  A batch's jobs are left out (a batch
+        takes over its own), and so are paused invocations (they hold no lease).  One indexed
+        read: it costs what lapsed, not what runs.
+
+        Raises :class:`~trio_agents.UsageError` for a ``limit`` that is not an int >= 0.
+        """
+        ...
+
     async def acquire_lease(
         self, invocation_id: str, *, owner: str, ttl: float, exclusive_session: bool = True
     ) -> Lease:

@@ -175,6 +175,8 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
         "CREATE INDEX batch_jobs_finished ON batch_jobs (batch_id, finished_seq)",
         "CREATE UNIQUE INDEX batch_jobs_invocation ON batch_jobs (invocation_id)",
     ),
+    # 8: what a recovering runner asks - running invocations whose lease lapsed (orphans).
+    ("CREATE INDEX invocations_by_lease ON invocations (status, lease_expires_at)",),
 )
 
 _COLUMNS: Final = (
@@ -271,6 +273,25 @@ def list_invocations(
     rows = tx.rows(
         f"SELECT {_COLUMNS} FROM invocations {where}ORDER BY created_at DESC, id DESC LIMIT ?",
         [*params, limit],
+    )
+    return [record_of(row) for row in rows]
+
+
+def orphans(tx: Tx, agents: Sequence[str], limit: int) -> list[InvocationRecord]:
+    """Running invocations of ``agents`` whose lease lapsed, longest lapsed first; a batch's
+    jobs left out (see :meth:`Store.orphans`).  A range of ``invocations_by_lease``."""
+    names = list(dict.fromkeys(agents))[:CHUNK]
+    if limit < 0:
+        raise UsageError(f"limit must be >= 0, got {limit}")
+    if not names or not limit:
+        return []
+    marks = ", ".join("?" * len(names))
+    rows = tx.rows(
+        f"SELECT {_COLUMNS} FROM invocations WHERE status = 'running' AND lease_expires_at <= ?"
+        f" AND agent IN ({marks})"
+        " AND NOT EXISTS (SELECT 1 FROM batch_jobs j WHERE j.invocation_id = invocations.id)"
+        " ORDER BY lease_expires_at, id LIMIT ?",
+        [tx.now(), *names, limit],
     )
     return [record_of(row) for row in rows]
 

@@ -189,6 +189,22 @@ class MemoryStore(MemoryBatches):
         records.sort(key=lambda r: (r.created_at, r.id), reverse=True)
         return records[:limit]
 
+    async def orphans(self, agents: Sequence[str], *, limit: int = 100) -> list[InvocationRecord]:
+        await trio.lowlevel.checkpoint()
+        limit = check_limit(limit)
+        now = self._clock()
+        names = set(agents)
+        found = [
+            r
+            for r in self._records.values()
+            if r.status == "running" and r.lease_expires_at <= now and r.agent in names
+        ]
+        if found and self._batches:
+            jobs = {j.invocation_id for b in self._batches.values() for j in b.jobs.values()}
+            found = [r for r in found if r.id not in jobs]
+        found.sort(key=lambda r: (r.lease_expires_at, r.id))
+        return found[:limit]
+
     async def acquire_lease(
         self, invocation_id: str, *, owner: str, ttl: float, exclusive_session: bool = True
     ) -> Lease:

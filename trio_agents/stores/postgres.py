@@ -388,6 +388,9 @@ class PostgresStore(SQLBatches):
             partial(_sql.list_invocations, status=status, session_id=session_id, limit=limit)
         )
 
+    async def orphans(self, agents: Sequence[str], *, limit: int = 100) -> list[InvocationRecord]:
+        return await self._run(partial(_sql.orphans, agents=tuple(agents), limit=limit))
+
     async def acquire_lease(
         self, invocation_id: str, *, owner: str, ttl: float, exclusive_session: bool = True
     ) -> Lease:

@@ -510,6 +510,13 @@ class SQLiteStore(SQLBatches):
             rows=limit,
         )
 
+    async def orphans(self, agents: Sequence[str], *, limit: int = 100) -> list[InvocationRecord]:
+        return await self._run(
+            partial(_sql.orphans, agents=tuple(agents), limit=limit),
+            write=False,
+            rows=limit,
+        )
+
     async def acquire_lease(
         self, invocation_id: str, *, owner: str, ttl: float, exclusive_session: bool = True
     ) -> Lease:
