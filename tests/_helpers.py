@@ -110,3 +110,50 @@ def check_loop_reading(events: list[Event], where: str) -> None:
         runs = [e for e in got if isinstance(e, InvocationStarted)]
         ends = [e for e in got if isinstance(e, InvocationEnded)]
         assert len(ends) <= len(runs), f"{where}: {len(ends)} endings of {len(runs)} runs"
+
+
+async def run_then_crash(
+    store: Any,
+    begin: Callable[[Any], Awaitable[object]],
+    ready: Callable[[], Awaitable[bool]],
+    *,
+    owner: str = "dead-process",
+    lease_ttl: float = 30,
+    within: float = 10,
+) -> None:
+    """Run ``begin(runner)`` in a runner of its own on a :class:`Crashable` view of ``store``;
+    once ``ready()`` (polled), kill that "process": every store call of it fails from then on,
+    then its tasks are cancelled, so the store keeps what a SIGKILL leaves.  (The runner's
+    cancelled block writes nothing: its store is dead.)"""
+    from trio_agents import Runner
+
+    dying = Crashable(store)
+    async with trio.open_nursery() as nursery:
+
+        async def doomed() -> None:
+            async with Runner(store=dying, owner=owner, lease_ttl=lease_ttl) as runner:
+                try:
+                    await begin(runner)  # it may hold on (a turn loop's block) until the kill
+                except* StoreUnavailableError:  # a write in flight as it died
+                    pass
+                await trio.sleep_forever()
+
+        nursery.start_soon(doomed)
+        with trio.fail_after(within):
+            while True:
+                if await ready():
+                    break
+                await trio.sleep(0.01)
+        dying.crash()
+        nursery.cancel_scope.cancel()
+
+
+async def eventually(check: Callable[[], Awaitable[bool] | bool], *, every: float = 0.01) -> None:
+    """Poll ``check`` (sync or async) until it holds (bound it with ``trio.fail_after``)."""
+    while True:
+        result = check()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return
+        await trio.sleep(every)

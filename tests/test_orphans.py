@@ -9,6 +9,8 @@ clock is moved by hand (``case.clock``) to let a lease lapse.
 from __future__ import annotations
 
 import time
+from functools import partial
+from typing import Any
 
 import pytest
 import trio
@@ -19,7 +21,7 @@ from trio_agents.messages import ToolCall
 from trio_agents.models import ScriptedModel
 from trio_agents.models.scripted import ScriptedTurn
 
-from ._helpers import Crashable, check_loop_reading
+from ._helpers import Crashable, check_loop_reading, eventually
 from .conftest import StoreCase
 
 
@@ -179,3 +181,49 @@ async def test_a_loop_cursor_after_a_crash_reads_each_turn_once(case: StoreCase)
             with trio.fail_after(20):
                 rest = [e async for e in reader.loop_events("s1", after=cursors[i])]
             assert rest == everything[i + 1 :], f"from cursor {cursors[i]!r}"
+
+
+class LateLease:
+    """A store whose ``acquire_lease`` waits for ``go`` first: the gap in which another
+    process may end the invocation after this one read it as running."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.go = trio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def acquire_lease(self, *args: Any, **kwargs: Any) -> Any:
+        await self.go.wait()
+        return await self._inner.acquire_lease(*args, **kwargs)
+
+
+async def test_a_cancel_from_elsewhere_never_ends_a_run_twice(case: StoreCase) -> None:
+    """A cancel request from another process for a live invocation: the owner ends it, and
+    the requesting process - which read it as running a moment before - must not end it
+    again (one run, one ending), even when the owner's ending lands between its read and its
+    attempt to take the lease."""
+    ran: list[str] = []
+    agent = deploy_agent(ran)
+    async with case.twin() as other_store:
+        late = LateLease(other_store)
+        async with (
+            Runner(store=case.store, owner="owner", cancel_poll_interval=0.05) as owner,
+            Runner(store=late, owner="elsewhere") as elsewhere,
+        ):
+            inv = await owner.start(agent, "ship it", invocation_id="inv-3")
+            with trio.fail_after(10):
+                await eventually(partial(has_event, case, "inv-3", ApprovalRequested))
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(partial(elsewhere.request_cancel, "inv-3", reason="stop"))
+                    outcome = await inv.wait()  # the owner saw the request and ended it
+                    late.go.set()
+    assert outcome.status == "cancelled"
+    ends = [e for e in await case.store.load_events("inv-3") if isinstance(e, InvocationEnded)]
+    assert len(ends) == 1, [e.reason for e in ends]
+    assert ran == []
+
+
+async def has_event(case: StoreCase, invocation_id: str, kind: type[Event]) -> bool:
+    return any(isinstance(e, kind) for e in await case.store.load_events(invocation_id))

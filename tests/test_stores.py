@@ -1244,7 +1244,17 @@ async def test_orphans_are_the_lapsed_running_invocations_of_the_agents_asked(
         assert [r.id for r in await s.orphans(["ops"], limit=1)] == ["early"]
         assert [r.id for r in await s.orphans(["other", "ops"])] == ["early", "theirs", "late"]
         assert await s.orphans([]) == []
-        await s.acquire_lease("early", owner="b", ttl=30)  # taken over: no longer an orphan
+        [early, late] = await s.orphans(["ops"])
+        # A takeover takes the orphan only as it was read; a second one with the same epoch
+        # (a racing runner) is refused, and so is one of a run that ended meanwhile.
+        taken = await s.acquire_lease("early", owner="b", ttl=30, expect_epoch=early.lease_epoch)
+        assert taken.epoch == early.lease_epoch + 1
+        with pytest.raises(LeaseError, match="no longer the orphan"):
+            await s.acquire_lease("early", owner="c", ttl=30, expect_epoch=early.lease_epoch)
         assert [r.id for r in await s.orphans(["ops"])] == ["late"]
+        lease = await s.acquire_lease("late", owner="a", ttl=30)  # its owner, back in time
+        await s.append_events(lease, [end("late", 1, "cancelled")])
+        with pytest.raises(LeaseError, match="it is cancelled"):
+            await s.acquire_lease("late", owner="c", ttl=30, expect_epoch=late.lease_epoch)
         with pytest.raises(UsageError):
             await s.orphans(["ops"], limit=-1)

@@ -169,6 +169,7 @@ class Invocation:
         "_done",
         "_ending",
         "_env",
+        "_expect_epoch",
         "_gate_tally",
         "_gates",
         "_grace_deadline",
@@ -182,6 +183,7 @@ class Invocation:
         "_reason",
         "_scope",
         "_stream_scopes",
+        "_taken_over_from",
         "_token",
         "_unsaid_cancel",
         "_usage",
@@ -207,6 +209,8 @@ class Invocation:
         resumed: bool,
         exclusive: bool = True,
         by_loop: bool = False,
+        taken_over_from: str | None = None,
+        expect_epoch: int | None = None,
     ) -> None:
         self.id = invocation_id
         self.agent = agent
@@ -216,6 +220,8 @@ class Invocation:
         self.resumed = resumed
         self.exclusive = exclusive
         self._by_loop = by_loop  # a turn resumed by its loop (see InvocationStarted.by_loop)
+        self._taken_over_from = taken_over_from  # a recovered orphan's lost owner
+        self._expect_epoch = expect_epoch  # ... and the epoch of its lapsed lease
         self._env = env
         self._token = trio.lowlevel.current_trio_token()
         self._scope = trio.CancelScope()
@@ -543,6 +549,7 @@ class Invocation:
                 input=self.input,
                 user_id=self.user_id,
                 session_id=self.session_id,
+                owner=env.owner,
             )
             record = InvocationRecord(
                 id=self.id,
@@ -571,7 +578,11 @@ class Invocation:
             rec.started(started)
         else:
             rec.lease = await env.store.acquire_lease(
-                self.id, owner=env.owner, ttl=env.lease_ttl, exclusive_session=self.exclusive
+                self.id,
+                owner=env.owner,
+                ttl=env.lease_ttl,
+                exclusive_session=self.exclusive,
+                expect_epoch=self._expect_epoch,
             )
             # A cancel the store accepted before this resume (for a run whose process died
             # before it acted on it) wins: the run ends cancelled before any of it runs.
@@ -598,6 +609,8 @@ class Invocation:
                 session_id=self.session_id,
                 resumed=True,
                 by_loop=self._by_loop,
+                owner=env.owner,
+                taken_over_from=self._taken_over_from,
             )
             for request in asked:  # immediate, whatever its mode: nothing of the run may run
                 self._apply_cancel("immediate", request.reason, None, request.requested_by)

@@ -203,6 +203,10 @@ class InvocationStarted:
     ``by_loop``: a turn resumed by its turn loop, which journals a resumed claim
     (``loop_turn_started``, ``resumed``) for this run: a reader of the loop's events reaches
     this run through that claim, not by reading on from the run before it.
+
+    ``owner`` is the process that runs this run (its lease's owner).  ``taken_over_from``: the
+    run was taken over by a recovering runner from that owner, whose lease had lapsed (its
+    process died or stalled; see :mod:`trio_agents._recovery`).
     """
 
     kind: Literal["started"] = "started"
@@ -216,6 +220,8 @@ class InvocationStarted:
     session_id: str | None = None
     resumed: bool = False
     by_loop: bool = False
+    owner: str | None = None
+    taken_over_from: str | None = None
 
 
 @attrs.frozen(kw_only=True)

@@ -78,13 +78,15 @@ from typing import Any
 
 import trio
 
+from . import approvals
 from ._cancel_waves import CancelWaves
 from ._control import InvocationControl
-from ._exceptions import InvocationNotFound, UsageError
+from ._exceptions import InvocationNotFound, LeaseError, StoreError, UsageError
 from ._gate_closer import GateCloser
 from ._invocation import Invocation, InvocationEnv, Watchlist
 from ._outcome import Outcome
 from ._recorder import Recorder
+from ._recovery import RECOVER_MODES, Recover, recover_orphans
 from ._stream import EventStream
 from ._upkeep import renew_leases, watch_requests
 from ._writer import JournalWriter
@@ -94,7 +96,7 @@ from .batch import Batch, open_batch, serve_batches
 from .events import CancelMode, EventId, check_cancel_mode
 from .hooks import HookSet
 from .models._base import Model
-from .stores._base import JournalWrite, Store
+from .stores._base import InvocationRecord, JournalWrite, Store
 from .stores._batches import BatchRecord, JobStatus
 from .stores._open import open_store
 from .turnloop import LOOP_PREFIX, LoopEventStream, Policy, TurnLoop, loop_id, open_turn_loop
@@ -143,6 +145,15 @@ class Runner(InvocationControl):
             async methods), called in this order; see :mod:`trio_agents.hooks`.
         hook_timeout: the deadline of each hook call; a hook cut off at it is reported as a
             ``warning`` event, and the invocation carries on.
+        recover: what this runner does with *orphans* - invocations of the agents it knows
+            (``agents=``, and those it has run) that are ``running`` in the store while their
+            owner's lease has lapsed (their process died): ``"resume"`` takes each over and
+            resumes it under its id (turn loops too), ``"fail"`` ends each ``failed``
+            (``orphaned: ...``), ``"off"`` (the default: a library takes over nobody's work
+            unasked) leaves them.  See :mod:`trio_agents._recovery`.
+        recover_interval: seconds between two looks for orphans (default: a sixth of
+            ``lease_ttl``).  An orphan is taken over within ``lease_ttl`` plus this of its
+            owner's death.
     """
 
     def __init__(
@@ -161,6 +172,8 @@ class Runner(InvocationControl):
         log_limit: int = 1024,
         hooks: Sequence[object] = (),
         hook_timeout: float = 5.0,
+        recover: Recover = "off",
+        recover_interval: float | None = None,
     ) -> None:
         if lease_ttl <= 0 or cleanup_timeout <= 0 or cancel_poll_interval <= 0:
             raise UsageError(
@@ -179,6 +192,14 @@ class Runner(InvocationControl):
             raise UsageError(f"max_active must be a positive int or None, got {max_active!r}")
         if not flush_interval > 0 or not isinstance(log_limit, int) or log_limit < 1:
             raise UsageError("flush_interval must be positive seconds and log_limit a positive int")
+        if recover not in RECOVER_MODES:
+            raise UsageError(f"recover must be 'resume', 'fail' or 'off', got {recover!r}")
+        if recover_interval is not None and not recover_interval > 0:
+            raise UsageError(
+                f"recover_interval must be positive seconds or None, got {recover_interval!r}"
+            )
+        self.recover: Recover = recover
+        self.recover_interval = recover_interval if recover_interval is not None else lease_ttl / 6
         self.approval_timeout = approval_timeout
         self.approval_expires_after = approval_expires_after
         self.cancel_poll_interval = cancel_poll_interval
@@ -195,6 +216,7 @@ class Runner(InvocationControl):
         self._watchlist = Watchlist()  # of _active: what the watcher asks the store about
         self._waves = CancelWaves(CANCEL_WAVE, self._watchlist)  # cancel_all of many, in waves
         self._loops: dict[str, TurnLoop] = {}  # the turn loops open here, by loop id
+        self._recovering: set[str] = set()  # loop ids being recovered here (see _recover_loop)
         self._limiter = trio.CapacityLimiter(max_active) if max_active is not None else None
         self._store: Store | None = None
         self._env: InvocationEnv | None = None
@@ -252,6 +274,8 @@ class Runner(InvocationControl):
                 self.cancel_poll_interval,
                 self._loops,
             )
+            if self.recover != "off":
+                system.start_soon(recover_orphans, self, store, self.recover, self.recover_interval)
             # Exits run in reverse: the invocations' nursery is left first (waiting for them),
             # then the writer and the gate closer (shielded: they store their endings) and the
             # background tasks are cancelled, then the store is closed.
@@ -435,6 +459,8 @@ class Runner(InvocationControl):
         agent: AgentLike | None,
         exclusive: bool,
         by_loop: bool = False,
+        taken_over_from: str | None = None,
+        expect_epoch: int | None = None,
     ) -> Invocation:
         _, env = self._check_open()
         if invocation_id in self._active:
@@ -459,6 +485,8 @@ class Runner(InvocationControl):
             resumed=True,
             exclusive=exclusive,
             by_loop=by_loop,
+            taken_over_from=taken_over_from,
+            expect_epoch=expect_epoch,
         )
         await self._launch(nursery, inv)
         return inv
@@ -603,6 +631,55 @@ class Runner(InvocationControl):
     ) -> Invocation:
         return await self._resume_in(
             nursery, invocation_id, agent=agent, exclusive=True, by_loop=True
+        )
+
+    # ---- recovery (_recovery.RecoveryHost) ----------------------------------------------------
+
+    def _served(self) -> dict[str, AgentLike]:
+        return self._agents
+
+    async def _take_over(self, record: InvocationRecord, agent: AgentLike) -> None:
+        nursery, _ = self._check_open()
+        await self._resume_in(
+            nursery,
+            record.id,
+            agent=agent,
+            exclusive=True,
+            taken_over_from=record.owner,
+            expect_epoch=record.lease_epoch,
+        )
+
+    def _recover_loop(self, record: InvocationRecord, agent: AgentLike) -> None:
+        if record.id in self._loops or record.id in self._recovering:
+            return
+        nursery, _ = self._check_open()
+        self._recovering.add(record.id)
+        nursery.start_soon(self._answer_orphaned_loop, record, agent, name=f"recover {record.id}")
+
+    async def _answer_orphaned_loop(self, record: InvocationRecord, agent: AgentLike) -> None:
+        """Open an orphaned turn loop (its lease lapsed), which resumes its unfinished turn and
+        answers its pending messages, then close it once idle."""
+        session_id = record.id.removeprefix(LOOP_PREFIX)
+        try:
+            async with self.open_turn_loop(agent, session_id=session_id) as loop:
+                logger.info("took over turn loop %s from %s", session_id, record.owner)
+                await loop.idle()
+        except (LeaseError, UsageError) as exc:  # another runner took it first
+            logger.debug("turn loop %s not recovered here: %s", session_id, exc)
+        except StoreError as exc:
+            logger.warning("could not recover turn loop %s: %s", session_id, exc)
+        finally:
+            self._recovering.discard(record.id)
+
+    async def _fail_orphan(self, record: InvocationRecord) -> bool:
+        _, env = self._check_open()
+        return await approvals.fail_orphan(
+            env.store,
+            env.writer,
+            record,
+            owner=self.owner,
+            ttl=self.lease_ttl,
+            cleanup_timeout=self.cleanup_timeout,
         )
 
     def _live_recorder(self, invocation_id: str) -> Recorder | None:

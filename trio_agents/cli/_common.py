@@ -10,7 +10,7 @@ import sys
 import traceback
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from enum import IntEnum
+from enum import IntEnum, StrEnum
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -36,6 +36,7 @@ from ..runner import Outcome
 __all__ = [
     "DEFAULT_STORE",
     "Exit",
+    "RecoverChoice",
     "StoreOption",
     "check_models",
     "console",
@@ -59,6 +60,15 @@ StoreOption = Annotated[
         help="Where invocations are journaled: sqlite:///PATH, postgresql://... or memory://",
     ),
 ]
+
+
+class RecoverChoice(StrEnum):
+    """``--recover``: what a serving process does with the orphans of its agents (see
+    :mod:`trio_agents._recovery`)."""
+
+    resume = "resume"
+    fail = "fail"
+    off = "off"
 
 
 class Exit(IntEnum):

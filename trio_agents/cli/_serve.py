@@ -12,11 +12,12 @@ import typer
 from rich.console import Console
 
 from .._exceptions import UsageError
+from .._recovery import Recover
 from ..agents import AgentLike
 from ..runner import Runner
 from ..server import create_app, load_tokens, serve
 from ..server._serve import LOOPBACK
-from ._common import DEFAULT_STORE, StoreOption, console, execute, load_agent
+from ._common import DEFAULT_STORE, RecoverChoice, StoreOption, console, execute, load_agent
 
 __all__ = ["register", "serve_agents"]
 
@@ -34,14 +35,16 @@ async def serve_agents(
     max_active_per_user: int = 8,
     lease_ttl: float = 30.0,
     ui: bool = True,
+    recover: Recover = "resume",
 ) -> None:
     """Serve ``agents`` (and, with ``ui``, the dev UI at ``/``) until SIGTERM or Ctrl-C.
 
     The runner (and its store) is opened first and closed last: a shutdown stops accepting,
     cancels what runs here with reason ``shutdown``, and the runner stores every ending before
-    the command exits.
+    the command exits.  With ``recover`` (default ``"resume"``) it takes over the invocations
+    and turn loops of its agents whose process died (see :mod:`trio_agents._recovery`).
     """
-    async with Runner(store, agents=agents, lease_ttl=lease_ttl) as runner:
+    async with Runner(store, agents=agents, lease_ttl=lease_ttl, recover=recover) as runner:
         app = create_app(
             agents,
             runner=runner,
@@ -55,7 +58,9 @@ async def serve_agents(
             urls: list[str] = await nursery.start(partial(serve, app, host=host, port=port))
             url = urls[0]
             names = ", ".join(sorted(a.name for a in agents))
-            console.print(f"serving {names} at {url}  (store {store})", markup=False)
+            console.print(
+                f"serving {names} at {url}  (store {store}; orphans: {recover})", markup=False
+            )
             if ui:
                 console.print(f"dev UI: {url}/ui/", markup=False)
             if tokens:
@@ -113,6 +118,13 @@ def register(app: typer.Typer) -> None:
         ui: Annotated[
             bool, typer.Option(help="serve the dev UI at / (a page to chat, stop and approve)")
         ] = True,
+        recover: Annotated[
+            RecoverChoice,
+            typer.Option(
+                help="invocations of these agents whose process died (lease lapsed): resume "
+                "them here, end them failed, or leave them",
+            ),
+        ] = RecoverChoice.resume,
     ) -> None:
         """Serve agents over HTTP, SSE and WebSocket, with the dev UI at /, until SIGTERM or
         Ctrl-C."""
@@ -138,6 +150,7 @@ def register(app: typer.Typer) -> None:
                 cors_origins=cors_origin or [],
                 max_active_per_user=max_active_per_user,
                 lease_ttl=lease_ttl,
+                recover=recover.value,
                 ui=ui,
             )
             return 0

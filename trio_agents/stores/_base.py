@@ -352,9 +352,20 @@ class Store(BatchStore, Protocol):
         ...
 
     async def acquire_lease(
-        self, invocation_id: str, *, owner: str, ttl: float, exclusive_session: bool = True
+        self,
+        invocation_id: str,
+        *,
+        owner: str,
+        ttl: float,
+        exclusive_session: bool = True,
+        expect_epoch: int | None = None,
     ) -> Lease:
         """Take the invocation for ``owner`` and mark it running again.
+
+        ``expect_epoch`` makes it a takeover of an orphan: taken only if the invocation is
+        still ``running`` under that lease epoch (the run whose lease lapsed, as
+        :meth:`orphans` read it), else :class:`~trio_agents.LeaseError` - so an orphan that
+        another process took over, resumed, cancelled or ended meanwhile is left alone.
 
         A pending cancel request stays (only an ending clears one): a cancel the store
         accepted wins over a later resume, which reads it (:meth:`cancel_requests`) and ends

@@ -49,6 +49,7 @@ __all__ = [
     "apply_state_delta",
     "check_json_object",
     "check_limit",
+    "check_orphan",
     "check_write",
     "decode_batch",
     "decode_entry",
@@ -225,6 +226,16 @@ def lease_taken(lease: Lease, owner: str | None, epoch: int) -> LeaseError:
         f"(epoch {lease.epoch}) was taken over by {owner!r} (epoch {epoch}); "
         "the write was rejected"
     )
+
+
+def check_orphan(record: InvocationRecord, expect_epoch: int) -> None:
+    """A takeover (``acquire_lease(..., expect_epoch=...)``) finds the run it expects: still
+    ``running`` under that epoch; else :class:`LeaseError` saying what became of it."""
+    if record.status != "running" or record.lease_epoch != expect_epoch:
+        raise LeaseError(
+            f"invocation {record.id!r} is no longer the orphan expected (epoch {expect_epoch}): "
+            f"it is {record.status} under epoch {record.lease_epoch}"
+        )
 
 
 def lease_held(invocation_id: str, owner: str | None, expires_at: float, now: float) -> LeaseError:

@@ -36,7 +36,7 @@ from ._base import (
     Lease,
     Requests,
 )
-from ._records import lease_held, lease_taken, merge_cancel
+from ._records import check_orphan, lease_held, lease_taken, merge_cancel
 from ._sql_sessions import claim_session
 from ._sql_tx import Tx as Tx
 
@@ -297,9 +297,16 @@ def orphans(tx: Tx, agents: Sequence[str], limit: int) -> list[InvocationRecord]
 
 
 def acquire_lease(
-    tx: Tx, invocation_id: str, owner: str, ttl: float, exclusive_session: bool = True
+    tx: Tx,
+    invocation_id: str,
+    owner: str,
+    ttl: float,
+    exclusive_session: bool = True,
+    expect_epoch: int | None = None,
 ) -> Lease:
     record = locked(tx, invocation_id)
+    if expect_epoch is not None:
+        check_orphan(record, expect_epoch)
     now = tx.now()
     if record.status == "running" and record.owner != owner and record.lease_expires_at > now:
         raise lease_held(invocation_id, record.owner, record.lease_expires_at, now)

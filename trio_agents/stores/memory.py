@@ -46,6 +46,7 @@ from ._records import (
     apply_state_delta,
     check_json_object,
     check_limit,
+    check_orphan,
     check_write,
     delete_busy,
     lease_held,
@@ -206,12 +207,20 @@ class MemoryStore(MemoryBatches):
         return found[:limit]
 
     async def acquire_lease(
-        self, invocation_id: str, *, owner: str, ttl: float, exclusive_session: bool = True
+        self,
+        invocation_id: str,
+        *,
+        owner: str,
+        ttl: float,
+        exclusive_session: bool = True,
+        expect_epoch: int | None = None,
     ) -> Lease:
         await trio.lowlevel.checkpoint()
         record = self._get(invocation_id)
         counted_from = time.monotonic()
         now = self._clock()
+        if expect_epoch is not None:
+            check_orphan(record, expect_epoch)
         if record.status == "running" and record.owner != owner and record.lease_expires_at > now:
             raise lease_held(invocation_id, record.owner, record.lease_expires_at, now)
         if record.status == "completed":  # checked here, under the lock: a race cannot revive it

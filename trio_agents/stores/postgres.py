@@ -392,7 +392,13 @@ class PostgresStore(SQLBatches):
         return await self._run(partial(_sql.orphans, agents=tuple(agents), limit=limit))
 
     async def acquire_lease(
-        self, invocation_id: str, *, owner: str, ttl: float, exclusive_session: bool = True
+        self,
+        invocation_id: str,
+        *,
+        owner: str,
+        ttl: float,
+        exclusive_session: bool = True,
+        expect_epoch: int | None = None,
     ) -> Lease:
         return await self._run(
             partial(
@@ -401,6 +407,7 @@ class PostgresStore(SQLBatches):
                 owner=owner,
                 ttl=ttl,
                 exclusive_session=exclusive_session,
+                expect_epoch=expect_epoch,
             )
         )
 

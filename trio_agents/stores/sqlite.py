@@ -518,7 +518,13 @@ class SQLiteStore(SQLBatches):
         )
 
     async def acquire_lease(
-        self, invocation_id: str, *, owner: str, ttl: float, exclusive_session: bool = True
+        self,
+        invocation_id: str,
+        *,
+        owner: str,
+        ttl: float,
+        exclusive_session: bool = True,
+        expect_epoch: int | None = None,
     ) -> Lease:
         return await self._run(
             partial(
@@ -527,6 +533,7 @@ class SQLiteStore(SQLBatches):
                 owner=owner,
                 ttl=ttl,
                 exclusive_session=exclusive_session,
+                expect_epoch=expect_epoch,
             ),
             write=True,
         )
