@@ -111,15 +111,11 @@ class StopReport:
     """What :meth:`Pump.settle` did with the jobs still running when the pump stopped, counting
     only the endings it stored (nothing stopped: every count is 0)."""
 
-    put_back: int = 0  # queued again: never started, or (a worker's) cancelled by the stop
     cancelled: int = 0  # ended ``cancelled`` (``shutdown``) by the stop: a re-run resumes them
+    put_back: int = 0  # (a worker's) cancelled by the stop, journaled, and queued again
+    unstarted: int = 0  # claimed but not yet an invocation: queued again
     ended: dict[str, int] = attrs.field(factory=dict)  # ended otherwise meanwhile, per status
     unstored: int = 0  # endings not stored in time: taken over once their claims lapse
-
-    @property
-    def stopped(self) -> int:
-        """Jobs the stop cut short (put back, or ended ``cancelled`` for a re-run)."""
-        return self.put_back + self.cancelled
 
 
 @attrs.define
@@ -369,7 +365,7 @@ class Pump:
             outcome = claim.invocation.outcome if claim.invocation is not None else None
             if outcome is None:  # it never became an invocation: put the claim back
                 self._end(claim.job, "queued")
-                what[key] = "put back"
+                what[key] = "unstarted"
             elif self.give_back and outcome.status == "cancelled" and cut_off(outcome.reason):
                 # No one cancelled it (the job, its batch): this worker is stopping.  Ended
                 # ``cancelled`` it would wait for a re-run; queued, any worker resumes it.
@@ -388,6 +384,8 @@ class Pump:
         for key, became in what.items():
             if key not in done:
                 report.unstored += 1
+            elif became == "unstarted":
+                report.unstarted += 1
             elif became == "put back":
                 report.put_back += 1
             elif became == "cancelled":

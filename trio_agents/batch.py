@@ -155,8 +155,8 @@ class Batch:
     @property
     def stop_report(self) -> StopReport:
         """Once the ``async with`` block is left: what became of the jobs still running here
-        (none, unless the block was cancelled) - put back in the queue, ended ``cancelled``
-        for a re-run to resume, or ended otherwise meanwhile."""
+        (none, unless the block was cancelled) - ended ``cancelled`` for a re-run to resume,
+        put back in the queue before they started, or ended otherwise meanwhile."""
         return self._pump.stop_report
 
     async def submit(self, job: Job | str | Mapping[str, Any]) -> bool:

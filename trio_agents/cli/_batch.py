@@ -133,8 +133,11 @@ def _summary(console: Console, progress: BatchProgress) -> None:
 
 
 def _meanwhile(report: StopReport) -> list[str]:
-    """What else the stop found: jobs that ended meanwhile, endings it could not store."""
+    """What else the stop found: claims not started yet, jobs that ended meanwhile, endings
+    it could not store."""
     parts = []
+    if report.unstarted:
+        parts.append(f"{report.unstarted} claimed but not started went back to the queue")
     if report.ended:
         ended = ", ".join(f"{n} {status}" for status, n in sorted(report.ended.items()))
         parts.append(f"meanwhile {ended}")
@@ -149,9 +152,9 @@ def _meanwhile(report: StopReport) -> list[str]:
 def _interrupted(batch_id: str, report: StopReport | None, progress: BatchProgress) -> str:
     """The line after Ctrl-C: what the stop did with the jobs running here, and what next."""
     parts = []
-    if report is not None and report.stopped:
+    if report is not None and report.cancelled:
         parts.append(
-            f"{report.stopped} job(s) running here were cancelled and journaled, for the next "
+            f"{report.cancelled} job(s) running here were cancelled and journaled, for the next "
             "run to resume"
         )
     parts += _meanwhile(report) if report is not None else []
