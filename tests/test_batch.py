@@ -18,6 +18,7 @@ import pytest
 import trio
 
 import trio_agents as ta
+from trio_agents.batch import StopReport
 from trio_agents.events import InvocationEnded, TurnFinished
 from trio_agents.messages import ToolCall
 from trio_agents.stores import MemoryStore
@@ -247,13 +248,15 @@ async def test_a_cancel_of_the_block_ends_jobs_shutdown_and_a_rerun_resumes_them
     autojump_clock: trio.abc.Clock,
 ) -> None:
     """Ctrl-C: every running job's invocation ends cancelled (shutdown), the model server sees
-    each stream closed, the job rows say cancelled (not a claim to wait out), and the next
-    opening resumes those invocations (same ids) at once."""
+    each stream closed, the job rows say cancelled (not a claim to wait out), the batch's
+    stop report counts them, and the next opening resumes those invocations (same ids) at
+    once."""
     with trio.fail_after(60):
         async with world(two_turns(chunks=50, delay=0.1)) as (server, runner, agent, _effects):
             with trio.move_on_after(1.0):
                 async with runner.open_batch(agent, batch_id="b", concurrency=5) as batch:
                     await batch.submit_many(f"job {i}" for i in range(10))
+            stopped = batch.stop_report
             record = await runner.store.get_batch("b")
             cancelled = [
                 await runner.store.get_invocation(job_invocation_id("b", key))
@@ -269,6 +272,8 @@ async def test_a_cancel_of_the_block_ends_jobs_shutdown_and_a_rerun_resumes_them
         5,
         0,
     )
+    assert stopped == StopReport(cancelled=5)  # what the first block's stop did
+    assert batch.stop_report == StopReport()  # the second had nothing running when it closed
     assert {(r.status, r.lease_epoch) for r in cancelled} == {("cancelled", 1)}
     assert all(q.disconnected_at is not None for q in open_streams)
     assert progress.completed == 10

@@ -184,15 +184,28 @@ async def wait_until_disconnected(store: PostgresStore, store_url: str, worker: 
         await trio.sleep(0.05)
 
 
-async def stop(workers: Sequence[Worker]) -> None:
-    """SIGTERM each worker; each must exit 0 after storing how its jobs ended."""
+async def stop(workers: Sequence[Worker], *, idle: bool = True) -> None:
+    """SIGTERM each worker; each must exit 0 after storing how its jobs ended.  An ``idle``
+    worker (its batches are over) must not say it put jobs back: it ran none."""
     for worker in workers:
         worker.process.send_signal(signal.SIGTERM)
     for worker in workers:
         assert await worker.process.wait() == 0, worker.output
         await worker.ready.wait()
     for worker in workers:
-        assert b"worker stopped" in worker.output, worker.output
+        assert b"worker stopped: " in worker.output, worker.output
+        if idle:
+            assert b"put back" not in worker.output, worker.output
+
+
+def put_back(worker: Worker) -> int:
+    """How many jobs the stopped worker says it put back."""
+    [n] = re.findall(
+        rb"; (\d+) job\(s\) it was running were cancelled, journaled and put back: any worker "
+        rb"resumes them",
+        worker.output,
+    )
+    return int(n)
 
 
 # ---- reading the store ----------------------------------------------------------------------
@@ -514,8 +527,10 @@ async def test_a_worker_stopped_by_sigterm_mid_batch_leaves_its_jobs_to_the_othe
 ) -> None:
     """SIGTERM one of two workers mid-batch (a rolling restart): it exits 0, its running jobs'
     invocations ended ``cancelled`` (``shutdown``), journaled, and the jobs went back to the
-    queue; the other worker resumes them (as the stopping worker says: "any worker resumes
-    them"), and every job completes, each once, with no tool call run twice."""
+    queue; the other worker resumes them (as the stopping worker says: how many it put back,
+    and that "any worker resumes them"), and every job completes, each once, with no tool
+    call run twice.  The other worker, stopped once the batch is over, says it put nothing
+    back."""
     n = 60
     batch_id = "rolling"
     effects = tmp_path / "effects.txt"
@@ -532,7 +547,7 @@ async def test_a_worker_stopped_by_sigterm_mid_batch_leaves_its_jobs_to_the_othe
                 await batch.submit_many(Job(prompt=k, key=k) for k in keys)
                 await wait_for(store, batch_id, lambda c: c["completed"] >= n // 4)
                 stopping, staying = workers
-                await stop([stopping])
+                await stop([stopping], idle=False)
                 done = await batch.wait()
             await stop([staying])
         assert (done.total, done.completed, done.cancelled) == (n, n, 0), done
@@ -552,3 +567,4 @@ async def test_a_worker_stopped_by_sigterm_mid_batch_leaves_its_jobs_to_the_othe
                 handed_over += 1
         print(f"SIGTERM: {handed_over} jobs were handed over to the other worker")
         assert handed_over >= 1
+        assert put_back(stopping) == handed_over, stopping.output  # as it said

@@ -13,9 +13,10 @@ Then :meth:`Pump.settle`, shielded with the runner's cleanup deadline, stores ho
 had claimed ended (from its invocation's outcome) and puts back the claims that never became
 an invocation, so a re-run does not wait for their claims to lapse.  A worker's pump
 (``give_back``) puts back the jobs its stop cancelled too: no one cancelled them, so any
-worker claims them at once and resumes them from their journals.  A batch cancelled in the
-store (by any process) is seen by the watcher within ``poll_interval``: no more claims, and
-the jobs running here are cancelled with the batch's mode and reason.
+worker claims them at once and resumes them from their journals.  What the stop did with
+the jobs is counted in :attr:`Pump.stop_report`, for a command to tell.  A batch cancelled
+in the store (by any process) is seen by the watcher within ``poll_interval``: no more
+claims, and the jobs running here are cancelled with the batch's mode and reason.
 
 What is persisted first.  A job's invocation is durable (started, or resumed under its
 lease) before the job counts as running here; its ending is in the journal before the job's
@@ -55,7 +56,7 @@ if TYPE_CHECKING:
     from ._invocation import Invocation
     from ._outcome import Outcome
 
-__all__ = ["BatchHost", "Pump", "outcome_json"]
+__all__ = ["BatchHost", "Pump", "StopReport", "outcome_json"]
 
 logger = logging.getLogger("trio_agents.batch")
 
@@ -106,6 +107,18 @@ def _job_status(status: str) -> JobStatus:
 
 
 @attrs.define
+class StopReport:
+    """What :meth:`Pump.settle` did with the jobs still running when the pump stopped, counting
+    only the endings it stored (nothing stopped: every count is 0)."""
+
+    cancelled: int = 0  # ended ``cancelled`` (``shutdown``) by the stop: a re-run resumes them
+    put_back: int = 0  # (a worker's) cancelled by the stop, journaled, and queued again
+    unstarted: int = 0  # claimed but not yet an invocation: queued again
+    ended: dict[str, int] = attrs.field(factory=dict)  # ended otherwise meanwhile, per status
+    unstored: int = 0  # endings not stored in time: taken over once their claims lapse
+
+
+@attrs.define
 class _Claim:
     job: ClaimedJob
     invocation: Invocation | None = None
@@ -135,6 +148,7 @@ class Pump:
         self.give_back = give_back  # a job this pump's stop cancelled goes back to the queue
         self.claims: dict[tuple[str, str], _Claim] = {}  # (batch id, key) -> its claim
         self.ended_here = 0  # jobs whose ending this pump stored
+        self.stop_report = StopReport()  # what settle() did with the jobs it found running
         self.stopped = False  # no more claims (the batch was cancelled, or is closing)
         self._ends: list[JobEnd] = []
         self._changed = trio.Event()  # a job ended, jobs were added, or a cancel came
@@ -234,10 +248,12 @@ class Pump:
                 self._ends_ready = trio.Event()
                 await self._ends_ready.wait()
             await trio.lowlevel.checkpoint()  # gather the endings of one round in one write
-            if not await self._store_ends():
+            if await self._store_ends() is None:
                 await trio.sleep(_RETRY_LATER)
 
-    async def _store_ends(self) -> bool:
+    async def _store_ends(self) -> list[JobEnd] | None:
+        """Store the endings waiting; return those stored (``None``: the store failed, and
+        they wait for the next try)."""
         ends, self._ends = self._ends, []
         self._storing = True
         try:
@@ -245,7 +261,7 @@ class Pump:
         except StoreError as exc:
             logger.warning("storing %d job endings failed, trying again: %s", len(ends), exc)
             self._ends[:0] = ends
-            return False
+            return None
         except BaseException:
             self._ends[:0] = ends  # a cancel: settle() stores them
             raise
@@ -258,7 +274,7 @@ class Pump:
                 self.ended_here += 1
         self._ended.set()
         self._ended = trio.Event()
-        return True
+        return [end for end, stored in zip(ends, done, strict=True) if stored]
 
     # ---- one job ------------------------------------------------------------------------
 
@@ -342,20 +358,40 @@ class Pump:
     # ---- the end ------------------------------------------------------------------------
 
     async def settle(self) -> None:
-        """Store how every claimed job ended (call once the nursery is done, shielded)."""
-        for claim in list(self.claims.values()):
+        """Store how every claimed job ended (call once the nursery is done, shielded); say
+        what became of them in :attr:`stop_report`."""
+        what: dict[tuple[str, str], str] = {}  # claim -> what the stop did with it
+        for key, claim in list(self.claims.items()):
             outcome = claim.invocation.outcome if claim.invocation is not None else None
             if outcome is None:  # it never became an invocation: put the claim back
                 self._end(claim.job, "queued")
+                what[key] = "unstarted"
             elif self.give_back and outcome.status == "cancelled" and cut_off(outcome.reason):
                 # No one cancelled it (the job, its batch): this worker is stopping.  Ended
                 # ``cancelled`` it would wait for a re-run; queued, any worker resumes it.
                 self._end(claim.job, "queued")
+                what[key] = "put back"
             else:
                 self._end(claim.job, _job_status(outcome.status), outcome_json(outcome))
+                stopped = outcome.status == "cancelled" and cut_off(outcome.reason)
+                what[key] = "cancelled" if stopped else outcome.status
+        stored: list[JobEnd] = []
         if self._ends:
             with trio.move_on_after(self.host.cleanup_timeout):
-                await self._store_ends()
+                stored = await self._store_ends() or []
+        done = {(end.job.batch_id, end.job.key) for end in stored}
+        report = self.stop_report
+        for key, became in what.items():
+            if key not in done:
+                report.unstored += 1
+            elif became == "unstarted":
+                report.unstarted += 1
+            elif became == "put back":
+                report.put_back += 1
+            elif became == "cancelled":
+                report.cancelled += 1
+            else:
+                report.ended[became] = report.ended.get(became, 0) + 1
 
 
 async def _ending(store: Store, invocation_id: str, last_seq: int) -> InvocationEnded:

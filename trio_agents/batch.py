@@ -46,13 +46,21 @@ from typing import Any
 import attrs
 import trio
 
-from ._batch_pump import BatchHost, Pump, outcome_json
+from ._batch_pump import BatchHost, Pump, StopReport, outcome_json
 from ._exceptions import UsageError
 from .agents._context import AgentLike
 from .events import CancelMode, check_cancel_mode
 from .stores._batches import BatchRecord, FinishedJob, Job, JobStatus
 
-__all__ = ["Batch", "Job", "Progress", "open_batch", "outcome_json", "serve_batches"]
+__all__ = [
+    "Batch",
+    "Job",
+    "Progress",
+    "StopReport",
+    "open_batch",
+    "outcome_json",
+    "serve_batches",
+]
 
 _SUBMIT_CHUNK = 500  # jobs per store transaction
 _RATE_WINDOW = 30.0  # seconds of endings the rate is measured over
@@ -143,6 +151,13 @@ class Batch:
     def running_here(self) -> int:
         """Jobs this process runs now."""
         return len(self._pump.claims)
+
+    @property
+    def stop_report(self) -> StopReport:
+        """Once the ``async with`` block is left: what became of the jobs still running here
+        (none, unless the block was cancelled) - ended ``cancelled`` for a re-run to resume,
+        put back in the queue before they started, or ended otherwise meanwhile."""
+        return self._pump.stop_report
 
     async def submit(self, job: Job | str | Mapping[str, Any]) -> bool:
         """Add one job; ``False`` if the batch had its key already.  See :meth:`submit_many`."""

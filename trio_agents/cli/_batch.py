@@ -5,8 +5,11 @@ by default the file's name and a hash of its path, so running the same command a
 the same batch) and runs them here (``--concurrency``; ``0`` leaves them to workers), with a
 progress bar, outcomes appended to ``--out`` as jobs end, and a summary table.  The first
 Ctrl-C (or SIGTERM) cancels the jobs running here, each journaled ``cancelled``
-(``shutdown``); the next run resumes them.  Exit status: 0 when every job completed, 1 when
-some did not, 130 after Ctrl-C, 2 for bad input.
+(``shutdown``); the next run resumes them, and what the stop did (how many jobs it cancelled,
+how many ended meanwhile) is the last line.  A batch cancelled meanwhile (``batch cancel``)
+ends the command; running it again reopens the batch.  Exit status: 0 when every job
+completed, 1 when some did not, 130 after Ctrl-C, 2 for bad input, 75 when another run is
+writing the same outcomes file (nothing ran; see :mod:`._jobs_file`).
 
 ``worker m:agent --store postgresql://...`` runs jobs of every open batch of its agents until
 SIGTERM or Ctrl-C; ``batch cancel ID`` cancels a batch wherever its jobs run; ``batch status
@@ -18,9 +21,10 @@ Jobs run without a person at a terminal: one that asks for approval ends ``pause
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import signal
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from enum import StrEnum
 from functools import partial
 from pathlib import Path
@@ -33,14 +37,13 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
-    TaskID,
     TextColumn,
     TimeElapsedColumn,
 )
 from rich.table import Table
 
-from .._batch_pump import Pump
-from .._exceptions import UsageError
+from .._batch_pump import Pump, StopReport
+from .._exceptions import BatchNotFound, UsageError
 from ..agents import AgentLike
 from ..batch import Batch
 from ..batch import Progress as BatchProgress
@@ -48,8 +51,8 @@ from ..runner import Runner
 from ..stores._base import Store
 from ..stores._batches import Job, JobStatus
 from ..stores._open import open_store
-from ._common import DEFAULT_STORE, console, execute, load_agent
-from ._jobs_file import OutcomesFile, read_jobs, statuses
+from ._common import DEFAULT_STORE, Exit, console, execute, fail, load_agent
+from ._jobs_file import OutcomesBusy, OutcomesFile, open_outcomes, read_jobs, statuses
 
 __all__ = [
     "batch_status",
@@ -82,27 +85,30 @@ def _rate(progress: BatchProgress) -> str:
     return f"{progress.rate:.1f} jobs/s{eta}"
 
 
-async def _follow(
-    store: Store, batch: Batch, bar: Progress, task: TaskID, outcomes: OutcomesFile | None
-) -> None:
+def _show(bar: Progress, progress: BatchProgress, *, rate: str = "") -> None:
+    """Draw ``progress`` on the bar (its one task)."""
+    counts = {
+        "completed": progress.completed,
+        "failed": progress.failed,
+        "running": progress.running,
+        "queued": progress.queued,
+        "cancelled": progress.cancelled,
+        "paused": progress.paused,
+    }
+    bar.update(
+        bar.task_ids[0],
+        total=progress.total,
+        completed=progress.ended,
+        counts=statuses(counts),
+        rate=rate,
+    )
+
+
+async def _follow(store: Store, batch: Batch, bar: Progress, outcomes: OutcomesFile | None) -> None:
     while True:
         progress = await batch.refresh()
         await _write_outcomes(store, batch.id, outcomes)
-        counts = {
-            "completed": progress.completed,
-            "failed": progress.failed,
-            "running": progress.running,
-            "queued": progress.queued,
-            "cancelled": progress.cancelled,
-            "paused": progress.paused,
-        }
-        bar.update(
-            task,
-            total=progress.total,
-            completed=progress.ended,
-            counts=statuses(counts),
-            rate=_rate(progress),
-        )
+        _show(bar, progress, rate=_rate(progress))
         await trio.sleep(_FOLLOW)
 
 
@@ -126,12 +132,45 @@ def _summary(console: Console, progress: BatchProgress) -> None:
     console.print(table)
 
 
+def _meanwhile(report: StopReport) -> list[str]:
+    """What else the stop found: claims not started yet, jobs that ended meanwhile, endings
+    it could not store."""
+    parts = []
+    if report.unstarted:
+        parts.append(f"{report.unstarted} claimed but not started went back to the queue")
+    if report.ended:
+        ended = ", ".join(f"{n} {status}" for status, n in sorted(report.ended.items()))
+        parts.append(f"meanwhile {ended}")
+    if report.unstored:
+        parts.append(
+            f"{report.unstored} ending(s) could not be stored in time: their jobs are taken "
+            "over once their claims lapse"
+        )
+    return parts
+
+
+def _interrupted(batch_id: str, report: StopReport | None, progress: BatchProgress) -> str:
+    """The line after Ctrl-C: what the stop did with the jobs running here, and what next."""
+    parts = []
+    if report is not None and report.cancelled:
+        parts.append(
+            f"{report.cancelled} job(s) running here were cancelled and journaled, for the next "
+            "run to resume"
+        )
+    parts += _meanwhile(report) if report is not None else []
+    if not parts:
+        parts.append("no job was running here")
+    if progress.ended < progress.total:
+        parts.append(f"run the same command again to resume batch {batch_id}")
+    return "interrupted: " + "; ".join(parts)
+
+
 async def run_batch(
     console: Console,
     agent: AgentLike,
     jobs_file: Path,
     *,
-    store: str,
+    store: str | Store,
     batch_id: str,
     concurrency: int,
     out: Path | None,
@@ -139,7 +178,9 @@ async def run_batch(
     requeue: Sequence[JobStatus],
     lease_ttl: float = 30.0,
 ) -> int:
-    """Run the batch of ``jobs_file``; return the exit status (see the module docstring)."""
+    """Run the batch of ``jobs_file``; return the exit status (see the module docstring).
+    Holds the outcomes file ``out`` (its lock) from before the batch is opened until its last
+    line is written: another run writing it is refused (:data:`Exit.BUSY`)."""
     jobs, bad = read_jobs(jobs_file)
     for line in bad:
         console.print(f"{jobs_file}: {line}", markup=False, soft_wrap=True)
@@ -150,75 +191,118 @@ async def run_batch(
         )
     if not jobs:
         raise UsageError(f"no job in {str(jobs_file)!r} to run")
+    # Failed jobs that run again lose their line: each job has one, its last ending.
+    again = {"failed"} & set(requeue)
+    try:
+        with (
+            open_outcomes(out, batch_id=batch_id, forget_status=again)
+            if out is not None
+            else contextlib.nullcontext() as outcomes,
+            _progress_bar(console) as bar,
+        ):
+            return await _run(
+                console,
+                bar,
+                agent,
+                jobs,
+                store=store,
+                batch_id=batch_id,
+                concurrency=concurrency,
+                outcomes=outcomes,
+                requeue=requeue,
+                lease_ttl=lease_ttl,
+            )
+    except OutcomesBusy as exc:  # raised only by taking the file: nothing has run
+        fail(str(exc))
+        return Exit.BUSY
+
+
+@contextlib.contextmanager
+def _progress_bar(console: Console) -> Iterator[Progress]:
+    """The bar of the batch: not shown until its task is added (once the batch is open);
+    whatever it shows last stays on the terminal."""
+    bar = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[counts]}"),
+        TextColumn("{task.fields[rate]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
+    try:
+        yield bar
+    finally:
+        _stop(bar)
+
+
+def _stop(bar: Progress) -> None:
+    if bar.live.is_started:  # (stopping twice would print a blank line twice)
+        bar.stop()
+
+
+async def _run(
+    console: Console,
+    bar: Progress,
+    agent: AgentLike,
+    jobs: list[Job],
+    *,
+    store: str | Store,
+    batch_id: str,
+    concurrency: int,
+    outcomes: OutcomesFile | None,
+    requeue: Sequence[JobStatus],
+    lease_ttl: float,
+) -> int:
+    """Open the batch, run it, say how it went; see :func:`run_batch`."""
     got: list[int] = []
+    batch: Batch | None = None
     async with Runner(store, agents=[agent], lease_ttl=lease_ttl, approval_timeout=0) as runner:
+        try:
+            was = (await runner.store.get_batch(batch_id)).status
+        except BatchNotFound:
+            was = None
         with trio.CancelScope() as scope:
             async with trio.open_nursery() as signals:
                 signals.start_soon(_on_signal, scope, got)
-                progress = await _run_batch(
-                    console, runner, agent, jobs, batch_id, concurrency, out, requeue
-                )
+                async with runner.open_batch(
+                    agent, batch_id=batch_id, concurrency=concurrency, requeue=requeue
+                ) as batch:
+                    added = await batch.submit_many(jobs)
+                    console.print(
+                        f"batch {batch_id}: "
+                        + ("reopened (it was cancelled); " if was == "cancelled" else "")
+                        + f"{added} new job(s), {len(jobs) - added} known; concurrency "
+                        + f"{concurrency}"
+                        + (f"; outcomes in {outcomes.path}" if outcomes is not None else ""),
+                        markup=False,
+                    )
+                    bar.add_task(batch_id, total=len(jobs), counts="", rate="")
+                    bar.start()
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(_follow, runner.store, batch, bar, outcomes)
+                        progress = await batch.wait()
+                        nursery.cancel_scope.cancel()
                 signals.cancel_scope.cancel()
         if scope.cancelled_caught:
-            progress = await _after_cancel(runner, batch_id, out)
+            # The endings of the jobs running here were stored as the batch closed.
+            progress = BatchProgress.of(await runner.store.get_batch(batch_id))
+        await _write_outcomes(runner.store, batch_id, outcomes)
+    if bar.task_ids:
+        _show(bar, progress)  # the counts the summary tells, not the last look's
+    _stop(bar)
     _summary(console, progress)
     if got:
+        report = batch.stop_report if batch is not None else None
+        console.print(_interrupted(batch_id, report, progress), markup=False)
+        return Exit.INTERRUPTED
+    if progress.status == "cancelled":
         console.print(
-            f"interrupted: the jobs running here were cancelled and journaled; run the same "
-            f"command again to resume batch {batch_id}",
+            f"batch {batch_id} was cancelled; run the same command again to reopen it",
             markup=False,
         )
-        return 130
-    return 0 if progress.completed == progress.total else 1
-
-
-async def _run_batch(
-    console: Console,
-    runner: Runner,
-    agent: AgentLike,
-    jobs: list[Job],
-    batch_id: str,
-    concurrency: int,
-    out: Path | None,
-    requeue: Sequence[JobStatus],
-) -> BatchProgress:
-    async with runner.open_batch(
-        agent, batch_id=batch_id, concurrency=concurrency, requeue=requeue
-    ) as batch:
-        added = await batch.submit_many(jobs)
-        # Failed jobs that run again lose their line: each job has one, its last ending.
-        again = {"failed"} & set(requeue)
-        outcomes = OutcomesFile(out, forget_status=again) if out is not None else None
-        console.print(
-            f"batch {batch_id}: {added} new job(s), {len(jobs) - added} known; "
-            f"concurrency {concurrency}" + (f"; outcomes in {out}" if out is not None else ""),
-            markup=False,
-        )
-        with Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[counts]}"),
-            TextColumn("{task.fields[rate]}"),
-            TimeElapsedColumn(),
-            console=console,
-            transient=False,
-        ) as bar:
-            task = bar.add_task(batch_id, total=len(jobs), counts="", rate="")
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_follow, runner.store, batch, bar, task, outcomes)
-                progress = await batch.wait()
-                nursery.cancel_scope.cancel()
-            bar.update(task, total=progress.total, completed=progress.ended, rate="")
-        await _write_outcomes(runner.store, batch_id, outcomes)
-    return progress
-
-
-async def _after_cancel(runner: Runner, batch_id: str, out: Path | None) -> BatchProgress:
-    """After Ctrl-C: the endings are stored; write what ended meanwhile, read the counts."""
-    record = await runner.store.get_batch(batch_id)
-    await _write_outcomes(runner.store, batch_id, OutcomesFile(out) if out is not None else None)
-    return BatchProgress.of(record)
+    return Exit.COMPLETED if progress.completed == progress.total else Exit.FAILED
 
 
 async def run_worker(
@@ -242,12 +326,23 @@ async def run_worker(
                 f"worker {runner.owner} ready: jobs of {names}, {concurrency} at once",
                 markup=False,
             )
-        console.print(
-            f"worker stopped: {pump.ended_here if pump else 0} job ending(s) stored here; the "
-            "jobs it ran were cancelled, journaled and put back: any worker resumes them",
-            markup=False,
-        )
+        console.print(_worker_stopped(pump), markup=False)
     return 0
+
+
+def _worker_stopped(pump: Pump | None) -> str:
+    """The worker's last line: the endings it stored, and what its stop did with the jobs it
+    was running (nothing about them when it was running none)."""
+    parts = [f"worker stopped: {pump.ended_here if pump else 0} job ending(s) stored here"]
+    if pump is not None:
+        report = pump.stop_report
+        if report.put_back:
+            parts.append(
+                f"{report.put_back} job(s) it was running were cancelled, journaled and put "
+                "back: any worker resumes them"
+            )
+        parts += _meanwhile(report)
+    return "; ".join(parts)
 
 
 async def cancel_batch(
@@ -329,7 +424,8 @@ def register(app: typer.Typer) -> None:
         """Run every job of a JSONL file as a resumable batch.  Ctrl-C, then the same command
         again, resumes it.  ('batch cancel ID' and 'batch status ID' act on a batch.)
 
-        Exit status: 0 every job completed, 1 some did not, 130 Ctrl-C, 2 bad input."""
+        Exit status: 0 every job completed, 1 some did not, 130 Ctrl-C, 2 bad input, 75
+        another run is writing the outcomes file (nothing ran)."""
         target = out if out is not None else jobs.with_name(f"{jobs.stem}.outcomes.jsonl")
         again: list[JobStatus] = ["cancelled", *(r.value for r in requeue or ())]
         execute(

@@ -78,6 +78,7 @@ class Exit(IntEnum):
     FAILED = 1  # the invocation failed, or an unexpected error
     USAGE = 2  # bad input: nothing was run
     PAUSED = 3  # waiting for a decision: `trio-agents decide`, then `resume`
+    BUSY = 75  # another run writes the batch's outcomes file: nothing was run (EX_TEMPFAIL)
     INTERRUPTED = 130  # Ctrl-C
 
 
