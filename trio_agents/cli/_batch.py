@@ -44,6 +44,7 @@ from rich.table import Table
 
 from .._batch_pump import Pump, StopReport
 from .._exceptions import BatchNotFound, UsageError
+from .._recovery import Recover
 from ..agents import AgentLike
 from ..batch import Batch
 from ..batch import Progress as BatchProgress
@@ -51,7 +52,16 @@ from ..runner import Runner
 from ..stores._base import Store
 from ..stores._batches import Job, JobStatus
 from ..stores._open import open_store
-from ._common import DEFAULT_STORE, Exit, console, execute, fail, load_agent
+from ._common import (
+    DEFAULT_STORE,
+    Exit,
+    RecoverChoice,
+    RecoverOption,
+    console,
+    execute,
+    fail,
+    load_agent,
+)
 from ._jobs_file import OutcomesBusy, OutcomesFile, open_outcomes, read_jobs, statuses
 
 __all__ = [
@@ -312,10 +322,15 @@ async def run_worker(
     store: str,
     concurrency: int,
     lease_ttl: float = 30.0,
+    recover: Recover = "resume",
 ) -> int:
-    """Run jobs of every open batch of ``agents`` until SIGTERM or Ctrl-C."""
+    """Run jobs of every open batch of ``agents`` until SIGTERM or Ctrl-C; with ``recover``,
+    also take over the invocations of ``agents`` whose process died (see
+    :mod:`trio_agents._recovery`; a batch's own jobs are taken over by its workers)."""
     pump: Pump | None = None
-    async with Runner(store, agents=agents, lease_ttl=lease_ttl, approval_timeout=0) as runner:
+    async with Runner(
+        store, agents=agents, lease_ttl=lease_ttl, approval_timeout=0, recover=recover
+    ) as runner:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_on_signal, nursery.cancel_scope, [])
             pump = await nursery.start(
@@ -475,8 +490,10 @@ def register(app: typer.Typer) -> None:
         store: BatchStore = DEFAULT_STORE,
         concurrency: Annotated[int, typer.Option(min=1, help="jobs run here at once")] = 64,
         lease_ttl: LeaseTTL = 30.0,
+        recover: RecoverOption = RecoverChoice.resume,
     ) -> None:
-        """Run queued jobs of the open batches of these agents until SIGTERM or Ctrl-C."""
+        """Run queued jobs of the open batches of these agents until SIGTERM or Ctrl-C (and
+        take over their orphaned invocations: --recover)."""
         execute(
             lambda: run_worker(
                 console(),
@@ -484,5 +501,6 @@ def register(app: typer.Typer) -> None:
                 store=store,
                 concurrency=concurrency,
                 lease_ttl=lease_ttl,
+                recover=recover.value,
             )
         )

@@ -37,6 +37,7 @@ __all__ = [
     "DEFAULT_STORE",
     "Exit",
     "RecoverChoice",
+    "RecoverOption",
     "StoreOption",
     "check_models",
     "console",
@@ -69,6 +70,15 @@ class RecoverChoice(StrEnum):
     resume = "resume"
     fail = "fail"
     off = "off"
+
+
+RecoverOption = Annotated[
+    RecoverChoice,
+    typer.Option(
+        help="invocations of these agents whose process died (lease lapsed): resume them "
+        "here, end them failed, or leave them",
+    ),
+]
 
 
 class Exit(IntEnum):

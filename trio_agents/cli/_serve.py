@@ -17,7 +17,15 @@ from ..agents import AgentLike
 from ..runner import Runner
 from ..server import create_app, load_tokens, serve
 from ..server._serve import LOOPBACK
-from ._common import DEFAULT_STORE, RecoverChoice, StoreOption, console, execute, load_agent
+from ._common import (
+    DEFAULT_STORE,
+    RecoverChoice,
+    RecoverOption,
+    StoreOption,
+    console,
+    execute,
+    load_agent,
+)
 
 __all__ = ["register", "serve_agents"]
 
@@ -118,13 +126,7 @@ def register(app: typer.Typer) -> None:
         ui: Annotated[
             bool, typer.Option(help="serve the dev UI at / (a page to chat, stop and approve)")
         ] = True,
-        recover: Annotated[
-            RecoverChoice,
-            typer.Option(
-                help="invocations of these agents whose process died (lease lapsed): resume "
-                "them here, end them failed, or leave them",
-            ),
-        ] = RecoverChoice.resume,
+        recover: RecoverOption = RecoverChoice.resume,
     ) -> None:
         """Serve agents over HTTP, SSE and WebSocket, with the dev UI at /, until SIGTERM or
         Ctrl-C."""
