@@ -7,7 +7,7 @@ from typing import Any
 
 import trio
 
-from trio_agents import StoreUnavailableError
+from trio_agents import InvocationNotFound, StoreUnavailableError
 from trio_agents.events import Event, InvocationEnded, InvocationStarted
 
 
@@ -141,8 +141,11 @@ async def run_then_crash(
         nursery.start_soon(doomed)
         with trio.fail_after(within):
             while True:
-                if await ready():
-                    break
+                try:
+                    if await ready():
+                        break
+                except InvocationNotFound:  # not started yet
+                    pass
                 await trio.sleep(0.01)
         dying.crash()
         nursery.cancel_scope.cancel()

@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -272,3 +273,41 @@ async def test_serve_shows_the_dev_ui_at_the_root(tmp_path: Path) -> None:
             if process.returncode is None:
                 process.kill()
                 await process.wait()
+
+
+async def test_invocations_tell_an_orphan_and_its_takeover(tmp_path: Path) -> None:
+    """``invocations ls`` marks an invocation whose process died (its lease lapsed) as
+    ``orphaned`` instead of ``running``; once a recovering runner took it over, ``show`` says
+    from whom, by whom and when."""
+    from trio_agents import Runner
+    from trio_agents.stores import SQLiteStore
+
+    from ._helpers import eventually, run_then_crash
+    from .test_recovery import Effects, ops_agent
+
+    path = tmp_path / ".trio_agents" / "agents.db"
+    agent = ops_agent(Effects())
+    # The dead process's clock ran 100 s behind: its leases lapsed long ago by ours.
+    async with SQLiteStore(path, clock=lambda: time.time() - 100) as behind:
+
+        async def started() -> bool:
+            return any(e.kind == "tool_call_started" for e in await behind.load_events("inv-o"))
+
+        await run_then_crash(
+            behind, lambda r: r.start(agent, "ship", invocation_id="inv-o"), started
+        )
+    listed = json.loads((await cli(tmp_path, "invocations", "ls", "--json")).out)
+    assert [(r["invocation_id"], r["status"], r["orphaned"]) for r in listed] == [
+        ("inv-o", "running", True)
+    ]
+    async with (
+        SQLiteStore(path) as store,
+        Runner(store=store, agents=[agent], recover="resume", owner="heir") as heir,
+    ):
+        with trio.fail_after(10):
+            await eventually(lambda: heir.is_active("inv-o"))
+            await heir.get("inv-o").wait()
+    shown = (await cli(tmp_path, "invocations", "show", "inv-o")).out
+    assert "over from dead-process by heir" in shown
+    assert "runs" in shown
+    assert "2 (resumed 1x)" in shown

@@ -9,6 +9,7 @@ invocations, read straight from the store (no runner, no model), and a decision 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -25,6 +26,7 @@ from ..events import (
     ApprovalRequested,
     Event,
     InvocationEnded,
+    InvocationStarted,
     ToolCallFinished,
     ToolCallStarted,
     to_dict,
@@ -73,7 +75,24 @@ def record_json(record: InvocationRecord) -> dict[str, Any]:
         "created_at": record.created_at,
         "updated_at": record.updated_at,
         "last_seq": record.last_seq,
+        "owner": record.owner,
+        "orphaned": orphaned(record),
     }
+
+
+def orphaned(record: InvocationRecord) -> bool:
+    """``running`` in the store while its owner's lease has lapsed: its process died (a
+    recovering runner takes it over, see :mod:`trio_agents._recovery`)."""
+    return record.status == "running" and record.lease_expires_at <= time.time()
+
+
+def takeovers(events: list[Event]) -> list[dict[str, Any]]:
+    """The runs that took the invocation over from an owner whose lease had lapsed."""
+    return [
+        {"at": e.at, "from": e.taken_over_from, "to": e.owner}
+        for e in events
+        if isinstance(e, InvocationStarted) and e.taken_over_from is not None
+    ]
 
 
 def _details(record: InvocationRecord, events: list[Event]) -> dict[str, Any]:
@@ -105,7 +124,8 @@ def _details(record: InvocationRecord, events: list[Event]) -> dict[str, Any]:
         "output": last.output if last else "",
         "usage": to_dict(last)["usage"] if last else None,
         "error": to_dict(last)["error"] if last else None,
-        "runs": len(ended),
+        "runs": sum(1 for e in events if isinstance(e, InvocationStarted)),
+        "takeovers": takeovers(events),
         "tool_calls": list(calls.values()),
         "gates": [
             {
@@ -145,7 +165,7 @@ async def _ls(
         table.add_row(
             r.id,
             r.agent,
-            _status(r.status),
+            _status("orphaned" if orphaned(r) else r.status),
             when(r.created_at),
             r.session_id or "-",
             escape(_short(r.input)),
@@ -160,6 +180,7 @@ def _status(status: str) -> str:
         "cancelled": "magenta",
         "paused": "yellow",
         "running": "cyan",
+        "orphaned": "bold red",
     }.get(status, "red")
     return f"[{color}]{status}[/]"
 
@@ -176,6 +197,7 @@ async def _show(store_url: str, invocation_id: str, as_json: bool) -> int:
     out.print(f"[bold]{escape(record.id)}[/]  {_status(record.status)}")
     rows = [
         ("agent", record.agent),
+        ("owner", record.owner or "-"),
         ("session", record.session_id or "-"),
         ("created", when(record.created_at)),
         ("updated", when(record.updated_at)),
@@ -192,8 +214,13 @@ async def _show(store_url: str, invocation_id: str, as_json: bool) -> int:
                 f"{u['requests']} requests",
             )
         )
+    if info["orphaned"]:
+        rows.append(("orphaned", "its owner's lease lapsed: no live process runs it"))
     if info["runs"] > 1:
         rows.append(("runs", f"{info['runs']} (resumed {info['runs'] - 1}x)"))
+    for taken in info["takeovers"]:
+        at = when(taken["at"])
+        rows.append(("taken", f"over from {taken['from']} by {taken['to']} at {at}"))
     for key, value in rows:
         out.print(f"  [dim]{key:>8}[/] {escape(str(value))}")
     if info["tool_calls"]:
