@@ -46,7 +46,8 @@ def bench(session: nox.Session) -> None:
 
 @nox.session
 def fuzz(session: nox.Session) -> None:
-    """The randomized cancel, turn-loop, batch, gate-closer and mass-cancel tests at nightly size:
+    """The randomized cancel, turn-loop, batch, gate-closer, mass-cancel and fleet (processes
+    killed at random) tests at nightly size:
     thousands of scenarios (the suite runs a couple of hundred).  ``-- -x`` stops at the
     first failure, which names its seed."""
     session.install("-e", ".[dev]")
@@ -60,8 +61,13 @@ def fuzz(session: nox.Session) -> None:
         "tests/test_batch_fuzz.py",
         "tests/test_gate_closer.py",
         "tests/test_cancel_waves.py",
+        "tests/test_fleet.py",
         *session.posargs,
-        env={"TRIO_AGENTS_FUZZ": "5000", "TRIO_AGENTS_FUZZ_SQLITE": "1000"},
+        env={
+            "TRIO_AGENTS_FUZZ": "5000",
+            "TRIO_AGENTS_FUZZ_SQLITE": "1000",
+            "TRIO_AGENTS_FUZZ_FLEET": "100",
+        },
     )
 
 
