@@ -13,11 +13,14 @@ Who owns what
 Transactions and fencing
     Every call is one transaction.  A write first locks the row it checks
     (``SELECT ... FOR UPDATE``), so the fencing check and the write cannot interleave with
-    another process's, and a rejected write changes nothing.  ``request_cancel`` and
-    ``record_decision`` send ``NOTIFY`` on the requests channel (``trio_agents_cancel``), and
-    a commit that stores events sends one per invocation on the events channel
-    (``trio_agents_events``, payload: the invocation id), in their transaction: it is
-    delivered on commit, to every process.  With ``schema=``, both channel names get
+    another process's, and a rejected write changes nothing.  Every transaction takes its
+    row locks in one global order - invocations sorted by id across the whole call, then
+    sessions sorted by id, then the rows that hang off them; batches apart (see :mod:`._sql`)
+    - so no two transactions, of any processes, can deadlock on each other's locks.
+    ``request_cancel`` and ``record_decision`` send ``NOTIFY`` on the requests channel
+    (``trio_agents_cancel``), and a commit that stores events sends one per invocation on the
+    events channel (``trio_agents_events``, payload: the invocation id), in their transaction:
+    it is delivered on commit, to every process.  With ``schema=``, both channel names get
     ``:<schema>`` appended (hashed when too long), so schemas do not wake each other.
 
 Cancel
