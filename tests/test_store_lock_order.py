@@ -1,8 +1,10 @@
-"""PostgreSQL: one lock order for every transaction, so calls racing on rows never deadlock.
+"""PostgreSQL: one lock order for every transaction, conflicts run again, errors named truly.
 
 Every store transaction locks invocation rows sorted by id across the whole call, then session
 rows (see :mod:`trio_agents.stores._sql`), so renewals, group commits, gate ends and cancel
-requests racing on the same rows from several processes never deadlock.
+requests racing on the same rows from several processes never deadlock.  A deadlock or a
+serialization failure that does happen (another program's transactions) is run again; one that
+persists is reported as what it is, never as "cannot reach PostgreSQL".
 
 Real PostgreSQL (the ``postgres`` marker), real threads, real time.  Two or three stores on one
 schema stand for as many processes: each has its own pool, so their calls race on separate
@@ -14,15 +16,17 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import attrs
 import pytest
 import trio
 
-from trio_agents import LeaseError
+import trio_agents.stores.postgres as pg_store
+from trio_agents import LeaseError, StoreError, StoreUnavailableError
 from trio_agents.messages import AssistantMessage
 from trio_agents.stores import (
     ApprovalDecision,
@@ -33,9 +37,10 @@ from trio_agents.stores import (
     PostgresStore,
     SessionEntry,
 )
+from trio_agents.stores._sql import Tx
 
 from .conftest import _drop_schema
-from .test_store_journal import turn
+from .test_store_journal import store_threads, turn
 
 pytestmark = pytest.mark.postgres
 
@@ -82,6 +87,160 @@ def answer(invocation_id: str) -> SessionEntry:
     )
 
 
+# ---- conflicts: run again, then named ---------------------------------------------------------
+
+
+async def test_a_real_deadlock_is_run_again_and_lands_once(
+    postgres_url: str, postgres_schema: str
+) -> None:
+    """Two transactions that lock two rows in opposite orders (as another program might) and
+    each write a row first: PostgreSQL ends one with a deadlock; the store runs it again,
+    so both calls succeed, and each row is there once - the rolled-back attempt left
+    nothing behind to be written twice."""
+    with trio.fail_after(20):
+        async with open_stores(postgres_url, postgres_schema, 2) as (a, b):
+            await make_invocations(a, ["x", "y"])
+            both_hold_one = threading.Barrier(2)
+            attempts: Counter[str] = Counter()
+
+            def crossing(first: str, second: str, marker: str) -> Callable[[Tx], str]:
+                def fn(tx: Tx) -> str:
+                    attempts[marker] += 1
+                    tx.rows(f"SELECT 1 FROM invocations WHERE id = ?{tx.for_update}", (first,))
+                    tx.run(
+                        "INSERT INTO sessions (id, state, created_at, updated_at, last_seq)"
+                        " VALUES (?, '{}', 0, 0, 0)",
+                        (marker,),
+                    )
+                    if attempts[marker] == 1:
+                        both_hold_one.wait(timeout=10)
+                    tx.rows(f"SELECT 1 FROM invocations WHERE id = ?{tx.for_update}", (second,))
+                    return marker
+
+                return fn
+
+            got: list[str] = []
+
+            async def run(store: PostgresStore, fn: Callable[[Tx], str]) -> None:
+                got.append(await store._run(fn))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run, a, crossing("x", "y", "x-then-y"))
+                nursery.start_soon(run, b, crossing("y", "x", "y-then-x"))
+            assert sorted(got) == ["x-then-y", "y-then-x"]
+            assert sorted(attempts.values()) == [1, 2]
+            assert a.reruns + b.reruns == 1
+            rows = await a._execute("SELECT id FROM sessions ORDER BY id")
+            assert rows == [("x-then-y",), ("y-then-x",)]
+
+
+def raising(errcode: str, attempts: list[int], *, times: int = 1 << 30) -> Callable[[Tx], str]:
+    """A transaction that writes a row, then has the server raise ``errcode`` (a real error
+    of that SQLSTATE, from PostgreSQL), on its first ``times`` attempts."""
+
+    def conflicted_write(tx: Tx) -> str:
+        attempts.append(1)
+        tx.run(
+            "INSERT INTO sessions (id, state, created_at, updated_at, last_seq)"
+            " VALUES ('written', '{}', 0, 0, 0)"
+        )
+        if len(attempts) <= times:
+            tx.run(
+                f"DO $$ BEGIN RAISE EXCEPTION 'forced by the test' USING ERRCODE = '{errcode}';"
+                " END $$"
+            )
+        return "done"
+
+    return conflicted_write
+
+
+@pytest.mark.parametrize(
+    ("errcode", "name", "sqlstate"),
+    [
+        ("deadlock_detected", "deadlock detected", "40P01"),
+        ("serialization_failure", "serialization failure", "40001"),
+    ],
+)
+async def test_a_conflict_is_retried_then_named(
+    postgres_url: str, postgres_schema: str, errcode: str, name: str, sqlstate: str
+) -> None:
+    """A deadlock or serialization failure is run again, whole: two failures then a success
+    write the transaction's row once.  One that fails every time fails after
+    ``ATTEMPTS`` runs with a StoreError naming the conflict and the transaction, saying nothing
+    was written - not StoreUnavailableError's "cannot reach PostgreSQL ... Is PostgreSQL
+    running"."""
+    with trio.fail_after(20):
+        async with PostgresStore(postgres_url, schema=postgres_schema) as s:
+            attempts: list[int] = []
+            assert await s._run(raising(errcode, attempts, times=2)) == "done"
+            assert len(attempts) == 3
+            assert s.reruns == 2
+            assert await s._execute("SELECT count(*) FROM sessions") == [(1,)]
+
+            attempts.clear()
+            await s._execute("DELETE FROM sessions")
+            with pytest.raises(StoreError) as caught:
+                await s._run(raising(errcode, attempts))
+            assert not isinstance(caught.value, StoreUnavailableError)
+            message = str(caught.value)
+            assert f"{name} (SQLSTATE {sqlstate}) in the conflicted_write transaction" in message
+            assert f"on each of {pg_store.ATTEMPTS} attempts" in message
+            assert "nothing of it was written" in message
+            assert "Is PostgreSQL running" not in message
+            assert len(attempts) == pg_store.ATTEMPTS
+            assert await s._execute("SELECT count(*) FROM sessions") == [(0,)]
+
+
+@pytest.mark.parametrize(
+    ("errcode", "unavailable"),
+    [
+        ("admin_shutdown", True),  # 57P01: the server is going away
+        ("connection_failure", True),  # 08006
+        ("too_many_connections", True),  # 53300
+        ("lock_not_available", False),  # 55P03: an OperationalError, but PostgreSQL is there
+        ("division_by_zero", False),  # 22012
+    ],
+)
+async def test_errors_are_classified_by_sqlstate(
+    postgres_url: str, postgres_schema: str, errcode: str, unavailable: bool
+) -> None:
+    """Only a connection-level SQLSTATE (class 08, a server shutting down or full) is
+    StoreUnavailableError; any other error PostgreSQL answers with is a StoreError that
+    names its SQLSTATE and the transaction, run once."""
+    with trio.fail_after(10):
+        async with PostgresStore(postgres_url, schema=postgres_schema) as s:
+            attempts: list[int] = []
+            with pytest.raises(StoreError) as caught:
+                await s._run(raising(errcode, attempts))
+            assert isinstance(caught.value, StoreUnavailableError) == unavailable
+            assert len(attempts) == 1
+            if unavailable:
+                assert "cannot reach PostgreSQL" in str(caught.value)
+            else:
+                assert "the conflicted_write transaction failed (SQLSTATE" in str(caught.value)
+
+
+async def test_a_cancel_between_reruns_stops_at_once(
+    postgres_url: str, postgres_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancel while the store waits to run a conflicted transaction again ends the call at
+    once: no thread or query of it is left, nothing of it was written, and the store works
+    on."""
+    monkeypatch.setattr(pg_store, "BACKOFF", 60.0)
+    with trio.fail_after(10):
+        async with PostgresStore(postgres_url, schema=postgres_schema) as s:
+            attempts: list[int] = []
+            start = trio.current_time()
+            with trio.move_on_after(0.5) as scope:
+                await s._run(raising("deadlock_detected", attempts))
+            assert scope.cancelled_caught
+            assert trio.current_time() - start < 2
+            assert 1 <= len(attempts) < pg_store.ATTEMPTS
+            assert store_threads() == []
+            assert await s._execute("SELECT count(*) FROM sessions") == [(0,)]
+            await s.create_session("after")
+
+
 # ---- the lock order: the report's repro, a start with a write ----------------------------------
 
 
@@ -91,8 +250,8 @@ async def test_renewals_in_any_order_never_deadlock_with_commits(
     """The report's repro: 1,000 invocations; 15 ``renew_leases`` of all of them, ids reversed
     or shuffled (two chunks of 500 that cross), run at once with 15 group commits of 40
     writes each, on two stores.  Locked chunk by chunk in the caller's order, PostgreSQL found
-    deadlocks and the store called them "cannot reach PostgreSQL"; now no call fails, every
-    renewal renewed and every write landed."""
+    deadlocks and the store called them "cannot reach PostgreSQL"; now no call fails, no
+    transaction even needed a rerun, every renewal renewed and every write landed."""
     with trio.fail_after(30):
         async with open_stores(postgres_url, postgres_schema, 2) as (a, b):
             ids = [f"inv-{k:04d}" for k in range(1000)]
@@ -123,6 +282,7 @@ async def test_renewals_in_any_order_never_deadlock_with_commits(
             heads = await a._execute("SELECT last_seq, count(*) FROM invocations GROUP BY last_seq")
             assert sorted(heads) == [(0, 400), (1, 600)]
             assert await a._execute("SELECT count(*) FROM events") == [(600,)]
+            assert a.reruns + b.reruns == 0
 
 
 async def test_a_start_with_a_write_locks_the_invocation_before_the_session(
@@ -165,6 +325,7 @@ async def test_a_start_with_a_write_locks_the_invocation_before_the_session(
                 **{f"T{k:02d}": 1 for k in range(1, 31)},
                 "L": 30,
             }
+            assert a.reruns + b.reruns == 0
 
 
 # ---- randomized: every multi-row call at once, in random orders --------------------------------
@@ -276,6 +437,7 @@ async def run_scenario(seed: int, url: str, schema: str) -> None:
         for key, decision in model.recorded.items():
             assert (stored[key].state, stored[key].approved) == (decision.state, True), key
             assert key not in model.gates or model.gates[key] == {("approved", True)}
+        assert sum(store.reruns for store in stores) == 0
 
 
 def seeds() -> list[int]:
@@ -289,7 +451,7 @@ async def test_random_calls_in_random_orders_never_deadlock(
 ) -> None:
     """Random sets of ids in random orders across ``renew_leases``, group commits (with
     session entries), ``end_gates``, ``record_decision`` and ``request_cancel``, all at once
-    on two or three stores: no call fails (a deadlock would surface here), and
+    on two or three stores: no call fails (a deadlock would surface here, or as a rerun), and
     afterwards every accepted write is in the store with its head one step further, each
     session's entries are numbered without a gap, and each gate has one end that everyone who
     asked was given."""
