@@ -46,9 +46,10 @@ def bench(session: nox.Session) -> None:
 
 @nox.session
 def fuzz(session: nox.Session) -> None:
-    """The randomized cancel, turn-loop, batch, gate-closer and mass-cancel tests at nightly size:
-    thousands of scenarios (the suite runs a couple of hundred).  ``-- -x`` stops at the
-    first failure, which names its seed."""
+    """The randomized cancel, turn-loop, batch, gate-closer, mass-cancel and PostgreSQL
+    lock-order tests at nightly size: thousands of scenarios (the suite runs a couple of
+    hundred), 1,000 parked invocations cancelled on PostgreSQL.  ``-- -x`` stops at the first
+    failure, which names its seed."""
     session.install("-e", ".[dev]")
     session.run(
         "pytest",
@@ -60,6 +61,7 @@ def fuzz(session: nox.Session) -> None:
         "tests/test_batch_fuzz.py",
         "tests/test_gate_closer.py",
         "tests/test_cancel_waves.py",
+        "tests/test_store_lock_order.py",
         *session.posargs,
         env={"TRIO_AGENTS_FUZZ": "5000", "TRIO_AGENTS_FUZZ_SQLITE": "1000"},
     )

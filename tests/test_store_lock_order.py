@@ -8,12 +8,14 @@ persists is reported as what it is, never as "cannot reach PostgreSQL".
 
 Real PostgreSQL (the ``postgres`` marker), real threads, real time.  Two or three stores on one
 schema stand for as many processes: each has its own pool, so their calls race on separate
-connections.  The randomized test runs ``TRIO_AGENTS_FUZZ`` / 80 scenarios (default 3; one
-seed with ``TRIO_AGENTS_FUZZ_SEED``).
+connections.  The randomized test runs ``TRIO_AGENTS_FUZZ`` / 120 scenarios (default 2; one
+seed with ``TRIO_AGENTS_FUZZ_SEED``); the end-to-end test parks 300 invocations, or 1,000 when
+``TRIO_AGENTS_FUZZ`` is above its default (``nox -s fuzz``).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import threading
@@ -26,7 +28,8 @@ import pytest
 import trio
 
 import trio_agents.stores.postgres as pg_store
-from trio_agents import LeaseError, StoreError, StoreUnavailableError
+from trio_agents import Invocation, LeaseError, Runner, StoreError, StoreUnavailableError
+from trio_agents.events import ApprovalRequested
 from trio_agents.messages import AssistantMessage
 from trio_agents.stores import (
     ApprovalDecision,
@@ -40,14 +43,15 @@ from trio_agents.stores import (
 from trio_agents.stores._sql import Tx
 
 from .conftest import _drop_schema
+from .test_gate_closer import parking_agent
 from .test_store_journal import store_threads, turn
 
 pytestmark = pytest.mark.postgres
 
 FUZZ = int(os.environ.get("TRIO_AGENTS_FUZZ", "240"))
-SCENARIOS = max(FUZZ // 80, 1)
+SCENARIOS = max(FUZZ // 120, 1)
 ONE_SEED = os.environ.get("TRIO_AGENTS_FUZZ_SEED")
-PARKED = 300 if FUZZ <= 240 else 1000
+PARKED, STARTERS = (300, 4) if FUZZ <= 240 else (1000, 1)
 
 
 # ---- helpers ----------------------------------------------------------------------------------
@@ -400,7 +404,7 @@ async def run_scenario(seed: int, url: str, schema: str) -> None:
 
         for _ in range(rnd.randint(2, 3)):
             async with trio.open_nursery() as nursery:
-                touched = rnd.sample(ids, rnd.randint(1, min(n, 300)))  # a write costs most
+                touched = rnd.sample(ids, rnd.randint(1, min(n, 200)))  # a write costs most
                 cuts = sorted(rnd.sample(range(1, len(touched)), min(len(touched) - 1, 5)))
                 for part in (
                     touched[i:j] for i, j in zip([0, *cuts], [*cuts, len(touched)], strict=True)
@@ -463,3 +467,62 @@ async def test_random_calls_in_random_orders_never_deadlock(
                 raise AssertionError(f"seed {seed} failed (TRIO_AGENTS_FUZZ_SEED={seed})") from exc
             finally:
                 await trio.to_thread.run_sync(_drop_schema, postgres_url, f"{postgres_schema}_{k}")
+
+
+# ---- end to end: a runner's renewals racing its endings ---------------------------------------
+
+
+async def test_cancel_all_of_parked_invocations_racing_a_renewal(
+    postgres_url: str, postgres_schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A runner on PostgreSQL with ``lease_ttl=1.5`` parks 300 invocations on approvals
+    (1,000 at a larger ``TRIO_AGENTS_FUZZ``); ``cancel_all()`` comes as a lease renewal of
+    all of them is sent, so the renewal, the gate ends and the group commits of the endings
+    race on the same rows.  Every invocation ends ``cancelled`` with no store error, the store
+    holds that ending for each (none left ``running``), and no deadlock was met anywhere."""
+    caplog.set_level(logging.INFO, logger="trio_agents")
+    armed = trio.Event()
+    fired: list[int] = []
+
+    class RacingStore(PostgresStore):
+        async def renew_leases(
+            self, leases: Sequence[Lease], *, ttl: float
+        ) -> list[Lease | LeaseError]:
+            if armed.is_set() and not fired:
+                fired.append(len(leases))
+                runner.cancel_all()
+            return await super().renew_leases(leases, ttl=ttl)
+
+    agent = parking_agent()
+    with trio.fail_after(120):
+        async with (
+            RacingStore(postgres_url, schema=postgres_schema) as store,
+            Runner(store=store, lease_ttl=1.5) as runner,
+        ):
+            invs: list[Invocation] = []
+
+            async def start(count: int) -> None:
+                for _ in range(count):
+                    invs.append(await runner.start(agent, "ship it"))
+
+            async with trio.open_nursery() as nursery:
+                # More at once and a renewal waits behind their commits for longer than a
+                # lease (1.2 s): the invocations would end before they park.
+                for _ in range(STARTERS):
+                    nursery.start_soon(start, PARKED // STARTERS)
+            for inv in invs:
+                async for event in inv.events():
+                    if isinstance(event, ApprovalRequested):
+                        break
+            assert all(inv._is_parked() for inv in invs)
+            armed.set()
+            outcomes = [await inv.wait() for inv in invs]
+        assert fired == [PARKED]
+        assert Counter((o.status, o.reason, o.store_error) for o in outcomes) == {
+            ("cancelled", None, None): PARKED
+        }
+        async with PostgresStore(postgres_url, schema=postgres_schema) as other:
+            counts = await other._execute("SELECT status, count(*) FROM invocations GROUP BY 1")
+        assert counts == [("cancelled", PARKED)]
+        assert store.reruns == 0
+        assert not [r.getMessage() for r in caplog.records if "deadlock" in r.getMessage()]
