@@ -106,8 +106,19 @@ BACKOFF: Final = 0.01
 """Seconds: the pause before the first rerun is random, up to this; each next one up to
 twice the last (at most 0.15 s in all, beside the deadlock's own ``deadlock_timeout``)."""
 
-_CONFLICTS: Final = {"40P01": "deadlock detected", "40001": "serialization failure"}
-"""SQLSTATEs of a transaction the server rolled back whole: safe to run again."""
+_CONFLICTS: Final = {
+    "40P01": (
+        "deadlock detected",
+        "another transaction keeps locking the same rows in another order",
+    ),
+    "40001": (
+        "serialization failure",
+        "other transactions keep changing the same rows (is default_transaction_isolation "
+        "stricter than read committed?)",
+    ),
+}
+"""SQLSTATEs of a transaction the server rolled back whole (safe to run again): what they
+are, and the likely cause."""
 _UNREACHABLE: Final = frozenset({"57P01", "57P02", "57P03", "53300"})
 """SQLSTATEs (beside class 08) of a server that is going away, starting, or full."""
 
@@ -286,12 +297,12 @@ class PostgresStore(SQLBatches):
         if state == "57014":  # not by us: ours become trio.Cancelled
             return StoreError(f"{self._where} cancelled the query of {what}: {exc}")
         if state in _CONFLICTS:
+            name, cause = _CONFLICTS[state]
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else state
             return StoreError(
-                f"{self._where}: {_CONFLICTS[state]} (SQLSTATE {state}) in {what}, on each of "
-                f"{ATTEMPTS} attempts; every attempt was rolled back and nothing of it was "
-                f"written.  Another transaction keeps taking the same rows in another order: "
-                f"{reason}"
+                f"{self._where}: {name} (SQLSTATE {state}) in {what}, on each of {ATTEMPTS} "
+                f"attempts; every attempt was rolled back and nothing of it was written.  "
+                f"Likely {cause}: {reason}"
             )
         if (
             (state is None and isinstance(exc, psycopg.OperationalError))
@@ -299,6 +310,8 @@ class PostgresStore(SQLBatches):
             or state in _UNREACHABLE
         ):
             return self._unavailable(exc)
+        if state is None:  # the client's own error (psycopg.InterfaceError, ...)
+            return StoreError(f"{self._where}: {what} failed: {type(exc).__name__}: {exc}")
         return StoreError(f"{self._where}: {what} failed (SQLSTATE {state}): {exc}")
 
     def _cancel_query(self, conn: Conn | None) -> None:
