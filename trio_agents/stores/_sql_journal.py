@@ -4,8 +4,8 @@ See :mod:`._sql` for how operations run.  :func:`commit` writes many invocations
 one transaction: it first locks every invocation row it will write (sorted by id across the
 whole commit), then the existing session rows it will append to (sorted by id) - the one lock
 order of the stores (:mod:`._sql`), so concurrent commits, renewals and gate ends cannot
-deadlock - and applies each write inside a ``SAVEPOINT``, rolled
-back if the write is rejected, so a rejected write changes nothing and the others commit.
+deadlock - and applies each write inside a ``SAVEPOINT``, rolled back if the write is
+rejected, so a rejected write changes nothing and the others commit.
 
 Ephemeral events of one write are one ``event_batches`` row (see :mod:`._records` for its
 stored form); :func:`read_events` merges batches and journal rows in id order.
