@@ -45,6 +45,8 @@ class Tx:
     """
 
     for_update = " FOR UPDATE"
+    for_key_share = " FOR KEY SHARE"
+    code_order = ' COLLATE "C"'
 
     def __init__(
         self, conn: Conn, clock: Callable[[], float] | None, channels: tuple[str, str]

@@ -7,8 +7,35 @@ run before the first write, and the store rolls the transaction back on any erro
 rejected write changes nothing (a group commit rolls a rejected write back to its own
 ``SAVEPOINT``).  SQL uses ``?`` placeholders; the PostgreSQL store maps them.
 
-Rows are locked in one order everywhere - invocations (by id) before sessions (by id) - so
-two processes' transactions cannot deadlock on each other's locks.
+The lock order
+    Every transaction takes its row locks in one global order, so two transactions (of any
+    processes) cannot wait for each other in a circle - a deadlock:
+
+    1. ``invocations`` rows, by id (``FOR UPDATE``; ``FOR KEY SHARE`` where a call only adds
+       decisions, as a foreign-key check would), sorted across the *whole call* - a call of
+       many ids locks them in chunks of :data:`CHUNK` taken from one sorted list
+       (:func:`lock_in_order`), never in the caller's order.  Ids sort by code point, the
+       same in Python and in SQL (``COLLATE "C"``, see :attr:`Tx.code_order`), so chunk
+       boundaries cannot reorder them.
+    2. ``sessions`` rows, by id, the same way.
+    3. Rows that belong to a locked invocation (``events``, ``event_batches``,
+       ``cancel_requests``, ``approval_decisions``, ``gate_secrets``) or session
+       (``session_entries``): written only while their parent row is locked.  Only ``FOR
+       KEY SHARE`` admits several holders of one parent, so only gate decisions
+       (:func:`end_gates`, :func:`record_decision`) can be waited for by two transactions at
+       once; :func:`end_gates` inserts them sorted by (invocation, gate),
+       :func:`record_decision` inserts one.  :func:`take_secret` touches one
+       ``gate_secrets`` row and nothing else, so it cannot close a circle.  A row being
+       inserted (a new invocation) is no one's to wait for but another insert of its id.
+    4. ``batches`` and ``batch_jobs`` (:mod:`._sql_batch`) are never locked in a transaction
+       with the tables above: batch rows (sorted), then their job rows under their lock, or
+       job rows ``FOR UPDATE SKIP LOCKED`` (a claim: it never waits).
+
+    A statement that changes many rows (``UPDATE ... WHERE id IN (...)``) locks them in the
+    order its plan meets them, not the list's: it runs only on rows this transaction locked
+    already (``SELECT ... ORDER BY id FOR UPDATE``, whose plan sorts before it locks), or
+    under the lock of their parent row.  SQLite has one writer at a time (``BEGIN
+    IMMEDIATE``), so there the order costs nothing and changes nothing.
 
 This module holds the schema, invocation records, leases, cancel requests and approval
 decisions; :mod:`._sql_journal` the journal (group commit, reads, a durable start) and
@@ -21,7 +48,7 @@ has come.  Add a migration by appending to the list - never edit a released one.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Final, cast
 
 import attrs
@@ -40,7 +67,17 @@ from ._records import check_orphan, lease_held, lease_taken, merge_cancel
 from ._sql_sessions import claim_session
 from ._sql_tx import Tx as Tx
 
-__all__ = ["CHUNK", "MIGRATIONS", "Tx", "chunks", "fenced", "locked", "migrate", "record_of"]
+__all__ = [
+    "CHUNK",
+    "MIGRATIONS",
+    "Tx",
+    "chunks",
+    "fenced",
+    "lock_in_order",
+    "locked",
+    "migrate",
+    "record_of",
+]
 
 MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     # 1: invocations, their journal, cancel requests, sessions.  The types are spelled so that
@@ -195,6 +232,26 @@ def chunks(ids: Sequence[str]) -> list[tuple[list[str], str]]:
         (unique[i : i + CHUNK], ", ".join("?" * len(unique[i : i + CHUNK])))
         for i in range(0, len(unique), CHUNK)
     ]
+
+
+def lock_in_order(
+    tx: Tx, table: str, columns: str, ids: Iterable[str], *, share: bool = False
+) -> list[tuple[Any, ...]]:
+    """Lock the rows of ``table`` whose id is in ``ids``, in the one lock order (see the
+    module docstring), and return their ``columns`` (an id with no row is not there).
+
+    ``FOR UPDATE``, or ``FOR KEY SHARE`` with ``share``.  The ids are sorted once, for the
+    whole call, then cut in chunks; each chunk's ``SELECT`` sorts the same way before it
+    locks (PostgreSQL's plan: ``LockRows`` above ``Sort``).  On SQLite a plain read.
+    """
+    lock = tx.for_key_share if share else tx.for_update
+    found: list[tuple[Any, ...]] = []
+    for chunk, marks in chunks(sorted(set(ids))):
+        found += tx.rows(
+            f"SELECT {columns} FROM {table} WHERE id IN ({marks}) ORDER BY id{tx.code_order}{lock}",
+            chunk,
+        )
+    return found
 
 
 def migrate(tx: Tx) -> int:
@@ -359,14 +416,12 @@ def renew_lease(tx: Tx, lease: Lease, ttl: float) -> Lease:
 
 
 def renew_leases(tx: Tx, leases: Sequence[Lease], ttl: float) -> list[Lease | LeaseError]:
-    found: dict[str, tuple[str | None, int]] = {}
-    for chunk, marks in chunks([lease.invocation_id for lease in leases]):
-        for row in tx.rows(
-            f"SELECT id, owner, lease_epoch FROM invocations WHERE id IN ({marks})"
-            f" ORDER BY id{tx.for_update}",
-            chunk,
-        ):
-            found[row[0]] = (row[1], int(row[2]))
+    found = {
+        row[0]: (row[1], int(row[2]))
+        for row in lock_in_order(
+            tx, "invocations", "id, owner, lease_epoch", (lease.invocation_id for lease in leases)
+        )
+    }
     expires_at = tx.now() + ttl
     results: list[Lease | LeaseError] = []
     for lease in leases:
@@ -378,7 +433,8 @@ def renew_leases(tx: Tx, leases: Sequence[Lease], ttl: float) -> list[Lease | Le
             results.append(lease_taken(lease, owner, epoch))
         else:
             results.append(attrs.evolve(lease, expires_at=expires_at, counted_from=tx.began))
-    fresh = [r.invocation_id for r in results if isinstance(r, Lease)]
+    # Every row here is locked already: the UPDATE's own order cannot matter.
+    fresh = sorted({r.invocation_id for r in results if isinstance(r, Lease)})
     for chunk, marks in chunks(fresh):
         tx.run(
             f"UPDATE invocations SET lease_expires_at = ? WHERE id IN ({marks})",
@@ -477,7 +533,10 @@ def _insert_decision(tx: Tx, decision: ApprovalDecision) -> bool:
 
 
 def record_decision(tx: Tx, decision: ApprovalDecision, secret: str | None = None) -> bool:
-    if not tx.rows("SELECT 1 FROM invocations WHERE id = ?", (decision.invocation_id,)):
+    # The invocation first (the lock order: see the module docstring), as end_gates does.
+    if not tx.rows(
+        f"SELECT 1 FROM invocations WHERE id = ?{tx.for_key_share}", (decision.invocation_id,)
+    ):
         raise InvocationNotFound(f"no invocation with id {decision.invocation_id!r}")
     inserted = _insert_decision(tx, decision)
     if inserted:
@@ -491,19 +550,32 @@ def record_decision(tx: Tx, decision: ApprovalDecision, secret: str | None = Non
 
 
 def end_gates(tx: Tx, decisions: Sequence[ApprovalDecision]) -> list[ApprovalDecision]:
-    for invocation_id in dict.fromkeys(d.invocation_id for d in decisions):
-        if not tx.rows("SELECT 1 FROM invocations WHERE id = ?", (invocation_id,)):
+    # The invocations first, in the one order (FOR KEY SHARE: what each insert's foreign-key
+    # check would take anyway, one at a time in the caller's order), then their decisions,
+    # sorted: two calls ending the same gates wait for each other's inserts in one order.
+    # First write wins among equal gates of this call too: the sort is stable.
+    found = {row[0] for row in lock_in_order(tx, "invocations", "id", _ids(decisions), share=True)}
+    for invocation_id in _ids(decisions):
+        if invocation_id not in found:
             raise InvocationNotFound(f"no invocation with id {invocation_id!r}")
-    standing = []
-    for decision in decisions:
+    standing: list[ApprovalDecision | None] = [None] * len(decisions)
+    for k in sorted(
+        range(len(decisions)),
+        key=lambda k: (decisions[k].invocation_id, decisions[k].approval_id),
+    ):
+        decision = decisions[k]
         _insert_decision(tx, decision)
         rows = tx.rows(
             f"SELECT {_DECISION_COLUMNS} FROM approval_decisions"
             " WHERE invocation_id = ? AND approval_id = ?",
             (decision.invocation_id, decision.approval_id),
         )
-        standing.append(_decision(rows[0]))
-    return standing
+        standing[k] = _decision(rows[0])
+    return cast(list[ApprovalDecision], standing)
+
+
+def _ids(decisions: Sequence[ApprovalDecision]) -> list[str]:
+    return list(dict.fromkeys(d.invocation_id for d in decisions))
 
 
 def take_secret(tx: Tx, invocation_id: str, gate_id: str) -> str | None:

@@ -1,9 +1,12 @@
 """Batches in the SQL stores (SQLite and PostgreSQL): the statements behind
 :class:`~trio_agents.stores._batches.BatchStore`, each run in one transaction (see :mod:`._sql`).
 
-Locks are taken in one order everywhere: the batch row, then its job rows.  A claim on
-PostgreSQL picks job rows ``FOR UPDATE SKIP LOCKED``: workers claiming at once each get other
-jobs and none waits for another's transaction; SQLite's ``BEGIN IMMEDIATE`` serializes them.
+Locks are taken in one order everywhere (see :mod:`._sql`): the batch rows (sorted by id),
+then their job rows, under the batch's lock; never with an invocation's or a session's.  A
+claim on PostgreSQL picks job rows ``FOR UPDATE SKIP LOCKED``: workers claiming at once each
+get other jobs and none waits for another's transaction.  A claim takes no batch lock, so it
+holds job rows without their batch's - but it never waits for anything, so it cannot close a
+circle of waits.  SQLite's ``BEGIN IMMEDIATE`` serializes them all.
 
 :class:`SQLBatches` holds the async methods both stores share; each store supplies ``_run``.
 """
@@ -29,7 +32,7 @@ from ._batches import (
     JobStatus,
     job_invocation_id,
 )
-from ._sql import chunks
+from ._sql import chunks, lock_in_order
 from ._sql_tx import Tx
 
 __all__ = ["ALL_ROWS", "SQLBatches"]
@@ -236,18 +239,23 @@ def claim_jobs(
 
 
 def finish_jobs(tx: Tx, ends: Sequence[JobEnd]) -> list[bool]:
-    now = tx.now()
-    results: list[bool] = []
-    # The batch rows first (the lock order), for their finished_seq counters.
-    counters: dict[str, int] = {}
-    for batch_id in sorted({end.job.batch_id for end in ends if end.status in FINISHED}):
-        row = tx.rows(f"SELECT finished_seq FROM batches WHERE id = ?{tx.for_update}", (batch_id,))
-        if row:
-            counters[batch_id] = int(row[0][0])
     for end in ends:
-        job = end.job
         if end.status not in JOB_STATUSES or end.status == "running":
             raise UsageError(f"a job cannot end {end.status!r}")
+    now = tx.now()
+    # The batch rows first (the lock order: every batch of the call, sorted), for their
+    # finished_seq counters; under their locks the job rows, in the caller's order (it
+    # numbers them): no other transaction that can wait holds a job row without its batch.
+    counters = {
+        str(batch_id): int(finished_seq)
+        for batch_id, finished_seq in lock_in_order(
+            tx, "batches", "id, finished_seq", (end.job.batch_id for end in ends)
+        )
+    }
+    start = dict(counters)
+    results: list[bool] = []
+    for end in ends:
+        job = end.job
         finished: int | None = None
         if end.status in FINISHED and job.batch_id in counters:
             finished = counters[job.batch_id] + 1
@@ -270,7 +278,8 @@ def finish_jobs(tx: Tx, ends: Sequence[JobEnd]) -> list[bool]:
             counters[job.batch_id] = finished
         results.append(bool(changed))
     for batch_id, value in counters.items():
-        tx.run("UPDATE batches SET finished_seq = ? WHERE id = ?", (value, batch_id))
+        if value != start[batch_id]:
+            tx.run("UPDATE batches SET finished_seq = ? WHERE id = ?", (value, batch_id))
     return results
 
 

@@ -1,10 +1,11 @@
 """The journal operations of the SQL stores: a durable start, group commit, and the reads.
 
 See :mod:`._sql` for how operations run.  :func:`commit` writes many invocations' events in
-one transaction: it first locks every invocation row it will write (sorted by id), then the
-existing session rows it will append to (sorted by id) - the one lock order of the stores, so
-concurrent commits cannot deadlock - and applies each write inside a ``SAVEPOINT``, rolled
-back if the write is rejected, so a rejected write changes nothing and the others commit.
+one transaction: it first locks every invocation row it will write (sorted by id across the
+whole commit), then the existing session rows it will append to (sorted by id) - the one lock
+order of the stores (:mod:`._sql`), so concurrent commits, renewals and gate ends cannot
+deadlock - and applies each write inside a ``SAVEPOINT``, rolled back if the write is
+rejected, so a rejected write changes nothing and the others commit.
 
 Ephemeral events of one write are one ``event_batches`` row (see :mod:`._records` for its
 stored form); :func:`read_events` merges batches and journal rows in id order.
@@ -27,7 +28,7 @@ from ._base import (
     SessionEntry,
 )
 from ._records import check_write, decode_batch, decode_event_row, encode_batch
-from ._sql import Tx, chunks, fenced
+from ._sql import Tx, fenced, lock_in_order
 from ._sql_sessions import append_entry, claim_session, ensure_session
 
 __all__ = [
@@ -61,6 +62,10 @@ def create_invocation(
     if session_entry is not None and record.session_id is None:
         raise UsageError(f"invocation {record.id!r} has a session entry but no session_id")
     now = tx.now()
+    if with_write is not None and with_write.lease.invocation_id != record.id:
+        # Its invocation's row before the session's (the lock order, see ._sql): a commit of
+        # the same invocation with a session entry takes them in that order too.
+        fenced(tx, with_write.lease)
     if record.session_id is not None:
         claim_session(
             tx,
@@ -150,19 +155,15 @@ def _store(tx: Tx, write: JournalWrite, record: InvocationRecord) -> None:
 
 
 def _lock_in_order(tx: Tx, writes: Sequence[JournalWrite]) -> None:
-    ids = sorted({w.lease.invocation_id for w in writes})
-    sessions: set[str] = set()
     with_entries = {w.lease.invocation_id for w in writes if w.session_entry is not None}
-    for chunk, marks in chunks(ids):
-        for invocation_id, session_id in tx.rows(
-            f"SELECT id, session_id FROM invocations WHERE id IN ({marks})"
-            f" ORDER BY id{tx.for_update}",
-            chunk,
-        ):
-            if session_id is not None and invocation_id in with_entries:
-                sessions.add(session_id)
-    for chunk, marks in chunks(sorted(sessions)):
-        tx.rows(f"SELECT 1 FROM sessions WHERE id IN ({marks}) ORDER BY id{tx.for_update}", chunk)
+    sessions = {
+        session_id
+        for invocation_id, session_id in lock_in_order(
+            tx, "invocations", "id, session_id", (w.lease.invocation_id for w in writes)
+        )
+        if session_id is not None and invocation_id in with_entries
+    }
+    lock_in_order(tx, "sessions", "id", sessions)
 
 
 class Rejected(Exception):

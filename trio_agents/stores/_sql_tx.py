@@ -15,6 +15,15 @@ class Tx(Protocol):
     for_update: str
     """``" FOR UPDATE"`` where the database locks rows that way (PostgreSQL), else ``""``."""
 
+    for_key_share: str
+    """``" FOR KEY SHARE"`` (PostgreSQL: what a foreign-key check takes on the row it points
+    to), else ``""``."""
+
+    code_order: str
+    """Appended to ``ORDER BY id`` so the database sorts text as Python's ``sorted()`` does,
+    by code point: ``' COLLATE "C"'`` on PostgreSQL (whose default collation may be a
+    locale's), ``""`` on SQLite (``BINARY`` compares UTF-8 bytes: code point order)."""
+
     began: float
     """``time.monotonic()`` in this process at or before the moment :meth:`now` reads the
     store's clock, and after any wait of the call before its transaction (a queue, a pool):

@@ -13,12 +13,26 @@ Who owns what
 Transactions and fencing
     Every call is one transaction.  A write first locks the row it checks
     (``SELECT ... FOR UPDATE``), so the fencing check and the write cannot interleave with
-    another process's, and a rejected write changes nothing.  ``request_cancel`` and
-    ``record_decision`` send ``NOTIFY`` on the requests channel (``trio_agents_cancel``), and
-    a commit that stores events sends one per invocation on the events channel
-    (``trio_agents_events``, payload: the invocation id), in their transaction: it is
-    delivered on commit, to every process.  With ``schema=``, both channel names get
+    another process's, and a rejected write changes nothing.  Every transaction takes its
+    row locks in one global order - invocations sorted by id across the whole call, then
+    sessions sorted by id, then the rows that hang off them; batches apart (see :mod:`._sql`)
+    - so no two transactions, of any processes, can deadlock on each other's locks.
+    ``request_cancel`` and ``record_decision`` send ``NOTIFY`` on the requests channel
+    (``trio_agents_cancel``), and a commit that stores events sends one per invocation on the
+    events channel (``trio_agents_events``, payload: the invocation id), in their transaction:
+    it is delivered on commit, to every process.  With ``schema=``, both channel names get
     ``:<schema>`` appended (hashed when too long), so schemas do not wake each other.
+
+Conflicts
+    A transaction that PostgreSQL ends with a deadlock (SQLSTATE ``40P01``: possible only
+    with a lock order other than ours, e.g. another program's or an older version's
+    transactions on the same rows) or a serialization failure (``40001``: under a stricter
+    ``default_transaction_isolation``) has been rolled back whole by the server, so nothing
+    of it stands and running it again cannot apply anything twice.  It is run again, on the
+    same connection, up to :data:`ATTEMPTS` times in all, after a short random pause each
+    (:data:`BACKOFF`, doubling); a cancel ends the pause.  If every attempt fails, the call
+    raises :class:`~trio_agents.StoreError` saying which conflict ended which transaction -
+    not :class:`~trio_agents.StoreUnavailableError`: PostgreSQL is up and answering.
 
 Cancel
     A call's thread is never abandoned.  On a trio cancel the store sends PostgreSQL a cancel
@@ -31,18 +45,25 @@ Clock
     another (tests).
 
 Errors
-    No connection within ``connect_timeout`` (refused, unknown host, down) ->
-    :class:`~trio_agents.StoreUnavailableError` naming host and port; a schema newer than this
-    code and any other database error -> :class:`~trio_agents.StoreError`.
+    Classified by SQLSTATE.  No connection within ``connect_timeout`` (refused, unknown host,
+    down, bad credentials), a connection lost mid-call (no SQLSTATE: the client saw it go), a
+    connection exception (class ``08``), a server shutting down or starting (``57P01``,
+    ``57P02``, ``57P03``) or out of connections (``53300``) ->
+    :class:`~trio_agents.StoreUnavailableError` naming host and port.  A conflict that outlived
+    its retries (see Conflicts), a query cancelled by someone else (``57014``), a schema newer
+    than this code and any other database error -> :class:`~trio_agents.StoreError` naming
+    the SQLSTATE.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
+import random
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import psycopg
 import psycopg_pool
@@ -72,10 +93,40 @@ from ._pg_tx import CHANNEL, EVENTS_CHANNEL, Tx, channel_name
 from ._sql_batch import SQLBatches
 from ._threads import Aborted, run_interruptible
 
-__all__ = ["PostgresStore"]
+__all__ = ["ATTEMPTS", "BACKOFF", "PostgresStore"]
 
 T = TypeVar("T")
 Conn = psycopg.Connection[TupleRow]
+
+logger = logging.getLogger("trio_agents.stores")
+
+ATTEMPTS: Final = 5
+"""Runs of one transaction that deadlocks or fails to serialize, the first included."""
+BACKOFF: Final = 0.01
+"""Seconds: the pause before the first rerun is random, up to this; each next one up to
+twice the last (at most 0.15 s in all, beside the deadlock's own ``deadlock_timeout``)."""
+
+_CONFLICTS: Final = {
+    "40P01": (
+        "deadlock detected",
+        "another transaction keeps locking the same rows in another order",
+    ),
+    "40001": (
+        "serialization failure",
+        "other transactions keep changing the same rows (is default_transaction_isolation "
+        "stricter than read committed?)",
+    ),
+}
+"""SQLSTATEs of a transaction the server rolled back whole (safe to run again): what they
+are, and the likely cause."""
+_UNREACHABLE: Final = frozenset({"57P01", "57P02", "57P03", "53300"})
+"""SQLSTATEs (beside class 08) of a server that is going away, starting, or full."""
+
+
+def _name(fn: Callable[..., object]) -> str:
+    """The store operation ``fn`` runs (``partial(_sql.renew_leases, ...)``: ``renew_leases``)."""
+    inner = getattr(fn, "func", fn)
+    return str(getattr(inner, "__name__", "a transaction"))
 
 
 class PostgresStore(SQLBatches):
@@ -89,6 +140,9 @@ class PostgresStore(SQLBatches):
         connect_timeout: seconds to wait for a connection before
             :class:`~trio_agents.StoreUnavailableError` (libpq rounds it up to at least 2).
         max_connections: the pool's size.
+
+    ``reruns`` counts the transactions run again after a deadlock or a serialization failure
+    (see Conflicts in the module docstring); with the store's own lock order, none.
 
     Raises :class:`~trio_agents.UsageError` for a URL libpq cannot parse.
     """
@@ -125,6 +179,7 @@ class PostgresStore(SQLBatches):
         self._open_lock = trio.Lock()
         self._pool: psycopg_pool.ConnectionPool[Conn] | None = None
         self._closed = False
+        self.reruns = 0  # statistics: transactions run again after a conflict (see Conflicts)
         self._listener = Listener(
             self._connect_listener,
             self._close_listener,
@@ -211,24 +266,53 @@ class PostgresStore(SQLBatches):
                 return
             conn = await trio.to_thread.run_sync(self._connect)
             try:
-                await self._call(partial(self._migrate, conn), partial(self._cancel_query, conn))
+                await self._call(
+                    partial(self._migrate, conn),
+                    partial(self._cancel_query, conn),
+                    "the migration",
+                )
             finally:
                 with trio.CancelScope(shield=True):
                     await trio.to_thread.run_sync(conn.close)
             self._pool = await trio.to_thread.run_sync(self._make_pool)
 
-    async def _call(self, work: Callable[[threading.Event], T], interrupt: Callable[[], None]) -> T:
-        """:func:`run_interruptible`, with psycopg's errors translated into the store's."""
+    async def _call(
+        self,
+        work: Callable[[threading.Event], T],
+        interrupt: Callable[[], None],
+        what: str = "a transaction",
+    ) -> T:
+        """:func:`run_interruptible`, with psycopg's errors translated into the store's
+        (``what``: the operation, for the message)."""
         try:
             return await run_interruptible(work, interrupt=interrupt)
-        except psycopg.errors.QueryCanceled as exc:  # not by us: ours become trio.Cancelled
-            raise StoreError(f"{self._where} cancelled the query: {exc}") from exc
         except psycopg_pool.PoolClosed as exc:
             raise UsageError(f"{self!r} is closed") from exc
-        except psycopg.OperationalError as exc:  # connection refused or lost, PoolTimeout
-            raise self._unavailable(exc) from exc
         except psycopg.Error as exc:
-            raise StoreError(f"{self._where}: {type(exc).__name__}: {exc}") from exc
+            raise self._translate(exc, what) from exc
+
+    def _translate(self, exc: psycopg.Error, what: str) -> StoreError:
+        """The store's error for ``exc``, by its SQLSTATE (see Errors in the module docstring)."""
+        state = exc.sqlstate
+        if state == "57014":  # not by us: ours become trio.Cancelled
+            return StoreError(f"{self._where} cancelled the query of {what}: {exc}")
+        if state in _CONFLICTS:
+            name, cause = _CONFLICTS[state]
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else state
+            return StoreError(
+                f"{self._where}: {name} (SQLSTATE {state}) in {what}, on each of {ATTEMPTS} "
+                f"attempts; every attempt was rolled back and nothing of it was written.  "
+                f"Likely {cause}: {reason}"
+            )
+        if (
+            (state is None and isinstance(exc, psycopg.OperationalError))
+            or (state is not None and state.startswith("08"))
+            or state in _UNREACHABLE
+        ):
+            return self._unavailable(exc)
+        if state is None:  # the client's own error (psycopg.InterfaceError, ...)
+            return StoreError(f"{self._where}: {what} failed: {type(exc).__name__}: {exc}")
+        return StoreError(f"{self._where}: {what} failed (SQLSTATE {state}): {exc}")
 
     def _cancel_query(self, conn: Conn | None) -> None:
         if conn is not None:
@@ -243,23 +327,38 @@ class PostgresStore(SQLBatches):
         pool = self._pool
         if pool is None or self._closed:
             raise UsageError(f"{self!r} is closed")
+        what = f"the {_name(fn)} transaction"
         async with self._slots:
             held: list[Conn] = []
+            reruns: list[None] = []  # one per rerun; counted here, on the trio thread
 
             def work(abort: threading.Event) -> T:
                 held.append(pool.getconn())
-                if abort.is_set():
-                    raise Aborted("cancelled before the query began")
-                tx = Tx(held[0], self._clock, self._channels)  # before BEGIN: see Tx
-                with held[0].transaction():
-                    return fn(tx)
+                attempt = 1
+                while True:
+                    if abort.is_set():
+                        raise Aborted("cancelled before the transaction began")
+                    tx = Tx(held[0], self._clock, self._channels)  # before BEGIN: see Tx
+                    try:
+                        with held[0].transaction():
+                            return fn(tx)
+                    except psycopg.Error as exc:
+                        # Rolled back whole (by the server, and ROLLBACK by `transaction`):
+                        # running it again cannot apply anything twice.  See Conflicts.
+                        if exc.sqlstate not in _CONFLICTS or attempt == ATTEMPTS:
+                            raise
+                        logger.info("%s on %s: %s; running it again", what, self._where, exc)
+                    abort.wait(random.uniform(0, BACKOFF * 2 ** (attempt - 1)))
+                    attempt += 1
+                    reruns.append(None)
 
             def interrupt() -> None:
                 self._cancel_query(held[0] if held else None)
 
             try:
-                return await self._call(work, interrupt)
+                return await self._call(work, interrupt, what)
             finally:
+                self.reruns += len(reruns)
                 if held:  # only now: no cancel request for this call can still be in flight
                     with trio.CancelScope(shield=True):
                         await trio.to_thread.run_sync(pool.putconn, held[0])
@@ -270,14 +369,14 @@ class PostgresStore(SQLBatches):
         For tests and maintenance only: it bypasses every check of the store.
         """
 
-        def run(tx: _sql.Tx) -> list[tuple[Any, ...]]:
+        def raw_sql(tx: _sql.Tx) -> list[tuple[Any, ...]]:
             rows: list[tuple[Any, ...]] = []
             for statement in statements:
                 query, params = (statement, ()) if isinstance(statement, str) else statement
                 rows = tx.rows(query, params)
             return rows
 
-        return await self._run(run)
+        return await self._run(raw_sql)
 
     async def aclose(self) -> None:
         """Close the listener and the pool (its threads too).  Idempotent."""
@@ -300,7 +399,7 @@ class PostgresStore(SQLBatches):
                 conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
 
         try:
-            await self._call(listen, partial(self._cancel_query, conn))
+            await self._call(listen, partial(self._cancel_query, conn), "LISTEN")
         except BaseException:
             await self._close_listener(conn)
             raise
