@@ -298,6 +298,20 @@ async def test_events_of_an_ended_invocation_replay_from_the_store(
     assert ids(tail) == [i for i in ids(events) if i > (1, 2)]
 
 
+async def test_events_after_the_last_ending_end_at_once(autojump_clock: trio.abc.Clock) -> None:
+    """A reader that reattaches with the id of an ended invocation's last ending (or past
+    it) gets nothing, and its stream ends: it does not wait for events that never come."""
+    async with Runner() as runner:
+        outcome = await runner.run(branch("A", 2, 0.1), "go")
+        events = [e async for e in runner.events(outcome.invocation_id)]
+        last = ta.events.event_id(events[-1])
+        with trio.fail_after(60):
+            after_end = [e async for e in runner.events(outcome.invocation_id, after_seq=last)]
+            past_end = [e async for e in runner.events(outcome.invocation_id, after_seq=999)]
+    assert events[-1].kind == "ended"
+    assert after_end == past_end == []
+
+
 async def test_a_slow_reader_continues_from_the_store(autojump_clock: trio.abc.Clock) -> None:
     """The live log is bounded; a reader that falls behind reads the rest from the store."""
     words = tuple(f"w{i} " for i in range(300))

@@ -10,7 +10,8 @@
 * Anywhere else (another process, another machine, or an invocation that ended), it replays
   the store and follows it: :meth:`Store.wait_for_events` wakes it (LISTEN/NOTIFY on
   PostgreSQL, polling on SQLite).  It ends after a terminal event when the invocation is no
-  longer running; if it was resumed meanwhile, it follows the new run.
+  longer running; if it was resumed meanwhile, it follows the new run.  A cursor already at
+  or past the last event of an invocation that is not running ends it at once.
 
 What a follower elsewhere sees of text deltas: every one, in order, but in batches - the
 owning process stores them with the next durable event and at least every flush interval of
@@ -61,6 +62,7 @@ class EventStream:
         self._poll_interval = poll_interval
         self._buffer: deque[Event] = deque()
         self._ended_seen = False  # a terminal event was returned: look whether that was all
+        self._looked = False  # the record was read once the store had nothing more
         self._done = False
         # Invocation.events(): earlier runs' terminal events are replayed as skipped, so the
         # first "ended" a reader meets is this run's.
@@ -109,9 +111,12 @@ class EventStream:
             if page:
                 self._buffer.extend(page)
                 continue
-            if self._ended_seen:
+            if self._ended_seen or not self._looked:
+                # Caught up: after an ending, or at the first empty page (a reader that
+                # reattaches with the id of the last ending must not wait for nothing).
+                self._looked = True
                 record = await self._store.get_invocation(self.invocation_id)
-                if record.status != "running":
+                if record.status != "running" and (self._ended_seen or self._cursor >= record.head):
                     self._done = True
                     raise StopAsyncIteration
                 self._ended_seen = False  # resumed: follow the new run
