@@ -15,8 +15,9 @@ from ..agents import AgentLike
 from ..runner import Runner
 from ..stores import InvocationRecord
 from ..turnloop import TurnLoop
-from ._auth import Auth, check_id
+from ._auth import Auth
 from ._errors import ApiError
+from ._ids import check_id, check_text
 
 __all__ = ["MAX_BODY", "ServerState", "session_key"]
 
@@ -118,13 +119,18 @@ class ServerState:
 
     async def read_json(self, request: Request) -> dict[str, Any]:
         """The request's body as a JSON object: 413 past ``max_body``, 400 if it is not
-        JSON or not an object, 415 if it says it is something else.  An empty body is
-        ``{}``."""
+        JSON or not an object (or a string in it holds NUL: ``bad_text``, see
+        :mod:`._ids`), 415 if it says it is something else.  An empty body is ``{}``."""
         ctype = request.headers.get("content-type", "application/json")
         if ctype and "json" not in ctype.split(";")[0].lower():
             raise ApiError(415, "unsupported_media_type", f"send application/json, not {ctype}")
         declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_body:
+        if (
+            declared is not None
+            and declared.isascii()
+            and declared.isdigit()
+            and (len(declared) > 18 or int(declared) > self.max_body)
+        ):
             raise _too_large(self.max_body)
         body = bytearray()
         async for chunk in request.stream():
@@ -137,10 +143,13 @@ class ServerState:
             data = json.loads(body)
         except ValueError as exc:
             raise ApiError(400, "malformed_json", f"the body is not valid JSON: {exc}") from exc
+        except RecursionError:
+            raise ApiError(400, "malformed_json", "the body's JSON is nested too deep") from None
         if not isinstance(data, dict):
             raise ApiError(
                 400, "bad_request", f"the body must be a JSON object, got {type(data).__name__}"
             )
+        check_text(data)
         return data
 
     # ---- limits ----------------------------------------------------------------------------

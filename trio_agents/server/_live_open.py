@@ -16,8 +16,8 @@ from ..events import CancelMode, check_cancel_mode
 from ..stores import Store
 from ..turnloop import PolicyDecision
 from ._app import ServerState, session_key
-from ._auth import check_id
 from ._errors import ApiError, error_response
+from ._ids import check_id
 
 __all__ = [
     "CURSOR",

@@ -33,7 +33,10 @@ Clock
 Errors
     No connection within ``connect_timeout`` (refused, unknown host, down) ->
     :class:`~trio_agents.StoreUnavailableError` naming host and port; a schema newer than this
-    code and any other database error -> :class:`~trio_agents.StoreError`.
+    code and any other database error -> :class:`~trio_agents.StoreError`.  Text PostgreSQL
+    cannot hold (a NUL character in an id, an input, a reason) ->
+    :class:`~trio_agents.UsageError` naming the value, before any query is sent (see
+    :mod:`._pg_tx`).
 """
 
 from __future__ import annotations

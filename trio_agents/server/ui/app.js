@@ -700,18 +700,21 @@ async function follow() {
   setRunning(false);
 }
 
-// Read one SSE answer into the current invocation; true once its terminal frame came.
+// Read one SSE answer into the current invocation; true once its terminal frame came (or
+// the server answered 204: it ended where we were, nothing more will come).
 async function stream(response, ctl) {
   const inv = ui.cur;
-  let done = false;
+  let done = response.status === 204;
   inv.following = true;
   save();
   try {
-    await readFrames(response, (frame) => {
-      if (ctl.signal.aborted || ui.cur !== inv) return;
-      onFrame(frame);
-      if (frame.event === "ended") done = true;
-    });
+    if (!done) {
+      await readFrames(response, (frame) => {
+        if (ctl.signal.aborted || ui.cur !== inv) return;
+        onFrame(frame);
+        if (frame.event === "ended") done = true;
+      });
+    }
   } catch (err) {
     if (err.name === "AbortError") return false;
   }
