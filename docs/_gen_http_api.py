@@ -40,7 +40,15 @@ accepts the names of the apps your server serves (`GET /list-apps`).
   one.
 - **Errors.** Every error has one body, [`Error`](#error):
   `{{"error": {{"status": 404, "code": "invocation_not_found", "message": "..."}}}}`.
-- **Bodies** are JSON; the run routes take camelCase (ADK) or snake_case field names.
+- **Bodies** are JSON; the run routes take camelCase (ADK) or snake_case field names.  No
+  text in a body may hold the NUL character (U+0000): 400 `bad_text`, naming the field.
+- **Ids** in a path (or a body) are checked against their pattern (below) before anything
+  is looked up: one that breaks it is 400 `bad_id`, naming the parameter.  An event id
+  (`Last-Event-ID`, `?after=`) is `seq` or `seq.sub` in ASCII digits, each at most
+  2**63-1; anything else is 400 `bad_event_id`.
+- **Reconnecting after the end.** `GET /invocations/{{id}}/events` with a cursor at or past
+  the last ending of an invocation that is not running answers 204 at once: a browser's
+  `EventSource`, which reconnects after every stream with the `ended` frame's id, stops.
 - **Not in the document:** `GET /health` (`{{"status": "ok"}}`, or `"shutting_down"`, no
   token needed), `GET /list-apps` (the app names), and the WebSocket `WS /run_live`
   (see [the live chat guide](guide-live-chat.md)).

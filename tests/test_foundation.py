@@ -15,7 +15,13 @@ import trio
 
 import trio_agents as ta
 from trio_agents import Agent, Parallel, Runner, tool
-from trio_agents.events import Event, InvocationEnded, TurnFinished
+from trio_agents.events import (
+    MAX_EVENT_ID_PART,
+    Event,
+    InvocationEnded,
+    TurnFinished,
+    parse_event_id,
+)
 from trio_agents.messages import AssistantMessage, ModelRequest, ToolCall, UserMessage
 from trio_agents.models import ScriptedModel, ScriptedTurn
 from trio_agents.stores import JournalWrite, Lease, MemoryStore, Store
@@ -60,6 +66,24 @@ class FailEndingOnce(Wrapped):
 
 
 # ---- one event identity --------------------------------------------------------------------
+
+
+def test_event_ids_are_ascii_digits_within_64_bits() -> None:
+    """``parse_event_id`` reads what the stores can hold: ASCII digits, each part at most
+    2**63-1; anything else is a UsageError naming the value, shortened when long."""
+    assert parse_event_id("41") == (41, 0)
+    assert parse_event_id(" 41.3 ") == (41, 3)
+    assert parse_event_id(f"{MAX_EVENT_ID_PART}.{MAX_EVENT_ID_PART}") == (
+        MAX_EVENT_ID_PART,
+        MAX_EVENT_ID_PART,
+    )
+    assert parse_event_id("0000000000000000000000007") == (7, 0)
+    assert parse_event_id((MAX_EVENT_ID_PART, 0)) == (MAX_EVENT_ID_PART, 0)
+    bad_ids = ["99999999999999999999", "9" * 5000, "\u0663", "\u00b2", "-1", "1.2.3", "1.", ""]
+    for bad in [*bad_ids, MAX_EVENT_ID_PART + 1, (0, MAX_EVENT_ID_PART + 1), -1, True]:
+        with pytest.raises(ta.UsageError, match="event id") as caught:
+            parse_event_id(bad)  # type: ignore[arg-type]
+        assert len(str(caught.value)) < 200
 
 
 async def test_ids_never_reused_across_a_failed_final_write_and_resume(

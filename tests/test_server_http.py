@@ -104,8 +104,8 @@ async def test_run_sse_streams_every_event_and_one_terminal_frame() -> None:
 
 
 async def test_routes_with_a_verb_after_a_colon() -> None:
-    """``/invocations/{id}:cancel`` reaches the cancel route (a plain GET of that path is a
-    missing invocation, not a crash)."""
+    """``/invocations/{id}:cancel`` reaches the cancel route (a plain GET of that path is an
+    invocation id that breaks its pattern: 400 ``bad_id``, not a crash)."""
     with trio.fail_after(30):
         async with (
             ta.Runner() as runner,
@@ -119,8 +119,9 @@ async def test_routes_with_a_verb_after_a_colon() -> None:
             assert again.json()["status"] == "completed"
             assert again.json()["invocation_id"] == iid
             odd = await alice.get(f"/invocations/{iid}:cancel")
-            assert odd.status_code == 404
-            assert odd.json()["error"]["code"] == "invocation_not_found"
+            assert odd.status_code == 400
+            assert odd.json()["error"]["code"] == "bad_id"
+            assert "'invocation_id'" in odd.json()["error"]["message"]
             async with open_client(url, BOB) as bob:
                 theirs = await bob.post(f"/invocations/{iid}:cancel", json={})
                 assert theirs.status_code == 404
@@ -247,7 +248,8 @@ async def test_resume_a_paused_invocation_after_a_decision() -> None:
 async def test_a_store_failure_after_the_stream_began_ends_it_with_a_failed_frame() -> None:
     """The stream has begun (200, frames sent) when the store stops answering: the stream
     still ends with exactly one terminal frame, ``failed``, which says how to reattach; it has
-    no id, so a reconnect resumes after the last real event."""
+    no id, so a reconnect resumes after the last real event.  The store's own message (which
+    names its host) is not in the frame."""
     with trio.fail_after(30):
         async with (
             ta.Runner() as runner,
@@ -280,5 +282,6 @@ async def test_a_store_failure_after_the_stream_began_ends_it_with_a_failed_fram
         "failed",
         True,
     )
-    assert "the database went away" in last.data["reason"]
+    assert "the store is unavailable" in last.data["reason"]
+    assert "the database went away" not in last.data["reason"]
     assert "Last-Event-ID" in last.data["reason"]

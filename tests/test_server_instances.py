@@ -26,6 +26,7 @@ import httpx2
 import pytest
 import trio
 
+from trio_agents.events import parse_event_id
 from trio_agents.messages import ToolCall
 from trio_agents.testing import FakeServer, ResponsePlan, open_fake_openai_server, openai_stream
 
@@ -242,8 +243,13 @@ async def test_approval_through_another_instance(store_url: str) -> None:
         assert rest[-1].data["output"] == "deployed, done"
 
 
-async def follow_to_end(client: httpx2.AsyncClient, invocation_id: str) -> list[Frame]:
-    async with client.stream("GET", f"/invocations/{invocation_id}/events") as stream:
+async def follow_to_end(
+    client: httpx2.AsyncClient, invocation_id: str, last_event_id: str | None = None
+) -> list[Frame]:
+    headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
+    async with client.stream(
+        "GET", f"/invocations/{invocation_id}/events", headers=headers
+    ) as stream:
         assert stream.status_code == 200
         return await read_frames(stream)
 
@@ -274,9 +280,12 @@ async def resume_when_free(client: httpx2.AsyncClient, invocation_id: str) -> ht
         await trio.sleep(0.25)
 
 
-async def test_an_instance_killed_mid_run_is_resumed_by_another(store_url: str) -> None:
-    """SIGKILL A mid-stream: once its lease lapses, B resumes the invocation from the journal
-    and it completes; the follower through B sees one terminal frame."""
+async def test_an_instance_killed_mid_run_is_taken_over_by_another(store_url: str) -> None:
+    """SIGKILL A mid-stream: once its lease lapses, B takes the invocation over by itself
+    (``serve`` recovers by default) and it completes.  A client that saw frames from A
+    reattaches to B with its ``Last-Event-ID`` and sees the run go on: ids strictly
+    increasing, nothing twice, one terminal frame.  ``GET /invocations/{id}`` names both
+    owners."""
     async with open_two(store_url) as (model, a, _b, ca, cb):
         with trio.fail_after(60):
             async with (
@@ -284,17 +293,21 @@ async def test_an_instance_killed_mid_run_is_resumed_by_another(store_url: str) 
                 FrameReader(stream) as frames,
             ):
                 invocation_id = stream.headers["x-invocation-id"]
-                await frames.read(until=after_deltas(3))
+                seen = await frames.read(until=after_deltas(3))
                 a.process.send_signal(signal.SIGKILL)
                 await a.process.wait()
-            resumed = await resume_when_free(cb, invocation_id)
-            assert resumed.status_code in (200, 202), resumed.text
-            followed = await follow_to_end(cb, invocation_id)
+            followed = await follow_to_end(cb, invocation_id, seen[-1].id)
+            shown = (await cb.get(f"/invocations/{invocation_id}")).json()
         ended = [f for f in followed if f.event == "ended"]
         assert len(ended) == 1
         assert ended[0].data["status"] == "completed"
         assert ended[0].data["output"].endswith("resumed answer")
+        ids = [parse_event_id(f.id) for f in [*seen, *followed]]
+        assert ids == sorted(set(ids))
         assert len(model.requests) == 2
+        [takeover] = shown["takeovers"]
+        assert takeover["from"] != takeover["to"]
+        assert (shown["status"], shown["orphaned"], shown["owner"]) == ("completed", False, None)
 
 
 async def test_sigterm_ends_runs_cancelled_shutdown_for_another_to_resume(

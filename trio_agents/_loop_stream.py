@@ -135,17 +135,18 @@ class LoopEventStream:
 def _parse_cursor(value: str | int | None) -> tuple[int, EventId | None]:
     if value is None:
         return 0, None
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value, None
     if isinstance(value, str):
         marker, slash, inner = value.strip().partition("/")
-        if marker.isdigit():
-            if not slash:
-                return int(marker), None
+        if "." not in marker:  # the marker is a seq of the loop, never an ephemeral id
             try:
-                return int(marker), parse_event_id(inner)
+                return parse_event_id(marker)[0], parse_event_id(inner) if slash else None
             except UsageError:
                 pass
+    elif isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return parse_event_id(value)[0], None
+        except UsageError:
+            pass
     raise UsageError(
         f"a turn loop cursor is '12' or '12/41.3' (from LoopEventStream.cursor), got {value!r}"
     )

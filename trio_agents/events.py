@@ -64,6 +64,7 @@ from .messages import (
 __all__ = [
     "CANCEL_MODES",
     "GATE_STATES",
+    "MAX_EVENT_ID_PART",
     "TERMINAL_STATUSES",
     "WIRE_VERSION",
     "ApprovalDecided",
@@ -155,24 +156,48 @@ def event_id(event: Event) -> str:
     return f"{event.seq}.{event.sub}" if event.sub else str(event.seq)
 
 
+MAX_EVENT_ID_PART: Final = 2**63 - 1
+"""The largest ``seq`` or ``sub``: stores keep them in signed 64-bit integers."""
+
+
 def parse_event_id(value: int | str | EventId) -> EventId:
     """Read an id (``41``, ``"41"``, ``"41.3"``, ``(41, 3)``) as ``(seq, sub)``.
 
-    Raises :class:`~trio_agents.UsageError` naming the value when it is not one.
+    Each part is a non-negative integer of at most :data:`MAX_EVENT_ID_PART` (a store's
+    signed 64-bit integer), written in ASCII digits (not ``"²"`` or ``"٣"``, which
+    :meth:`str.isdigit` accepts).  Raises :class:`~trio_agents.UsageError` naming the value
+    (shortened when long) when it is not one.
     """
+    parts: tuple[object, ...] = ()
     if isinstance(value, tuple):
-        if len(value) == 2 and all(type(v) is int and v >= 0 for v in value):
-            return (value[0], value[1])
+        parts = value if len(value) == 2 else ()
     elif isinstance(value, int) and not isinstance(value, bool):
-        if value >= 0:
-            return (value, 0)
+        parts = (value, 0)
     elif isinstance(value, str):
         seq, dot, sub = value.strip().partition(".")
-        if seq.isdigit() and (not dot or sub.isdigit()):
-            return (int(seq), int(sub) if dot else 0)
+        # Digits are counted before int() reads them: a 5,000-digit string would pass
+        # Python's int-from-str limit (4,300 digits) and raise a ValueError, not ours.
+        if _ascii_digits(seq) and (not dot or _ascii_digits(sub)):
+            parts = (int(seq), int(sub) if dot else 0)
+    if len(parts) == 2 and all(
+        type(part) is int and 0 <= part <= MAX_EVENT_ID_PART for part in parts
+    ):
+        return (parts[0], parts[1])  # type: ignore[return-value]
     raise UsageError(
-        f"an event id is a seq (41) or seq.sub ('41.3') of non-negative integers, got {value!r}"
+        "an event id is a seq (41) or seq.sub ('41.3') of non-negative integers of at most "
+        f"{MAX_EVENT_ID_PART}, got {_shortened(value)}"
     )
+
+
+def _ascii_digits(text: str) -> bool:
+    """``text`` is ASCII digits, few enough that ``int()`` reads it cheaply (leading zeros
+    aside, more than 19 digits is above :data:`MAX_EVENT_ID_PART` anyway)."""
+    return text.isascii() and text.isdigit() and len(text.lstrip("0")) <= 19
+
+
+def _shortened(value: object, limit: int = 40) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= limit else f"{shown[: limit - 3]}... ({len(shown)} characters)"
 
 
 @attrs.frozen(kw_only=True)

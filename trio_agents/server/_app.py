@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -15,8 +16,9 @@ from ..agents import AgentLike
 from ..runner import Runner
 from ..stores import InvocationRecord
 from ..turnloop import TurnLoop
-from ._auth import Auth, check_id
+from ._auth import Auth
 from ._errors import ApiError
+from ._ids import check_id, check_text
 
 __all__ = ["MAX_BODY", "ServerState", "session_key"]
 
@@ -36,11 +38,16 @@ class ServerState:
         runner: an open :class:`~trio_agents.Runner`; it owns every invocation started here.
         agents: the apps, by their agent's name.
         auth: who a request is.
-        max_body: the largest request body accepted, in bytes (413 above it).
+        max_body: the largest request body, and the largest ``/run_live`` message,
+            accepted, in bytes (413 above it; a WebSocket is closed with 1009).
         max_active_per_user: invocations one user may have running in this process at once
             (429 with ``Retry-After`` above it).
         live_send_queue: events a ``/run_live`` socket may have waiting to be sent; a client
             that falls further behind is disconnected (close code 1008).
+        live_control_rate, live_control_burst: the frames a ``/run_live`` client may send
+            that are not user messages (pings, cancels, decisions, frames that cannot be
+            understood): ``live_control_burst`` at once, refilled at ``live_control_rate`` a
+            second; a client past it is disconnected (1008, "rate limit").
     """
 
     def __init__(
@@ -52,6 +59,8 @@ class ServerState:
         max_body: int = MAX_BODY,
         max_active_per_user: int = 8,
         live_send_queue: int = 256,
+        live_control_rate: float = 20.0,
+        live_control_burst: int = 40,
     ) -> None:
         self.runner = runner
         self.agents: dict[str, AgentLike] = {}
@@ -65,12 +74,18 @@ class ServerState:
             self.agents[name] = agent
         if not self.agents:
             raise UsageError("create_app needs at least one agent")
-        if max_body < 1 or max_active_per_user < 1 or live_send_queue < 1:
-            raise UsageError("max_body, max_active_per_user and live_send_queue must be >= 1")
+        if min(max_body, max_active_per_user, live_send_queue, live_control_burst) < 1:
+            raise UsageError(
+                "max_body, max_active_per_user, live_send_queue and live_control_burst must be >= 1"
+            )
+        if not (0 < live_control_rate < math.inf):
+            raise UsageError(f"live_control_rate must be > 0 a second, got {live_control_rate}")
         self.auth = auth
         self.max_body = max_body
         self.max_active_per_user = max_active_per_user
         self.live_send_queue = live_send_queue
+        self.live_control_rate = live_control_rate
+        self.live_control_burst = live_control_burst
         self.loops: set[TurnLoop] = set()  # the live conversations open here
         self.shutting_down = False
         self.shutdown_started = trio.Event()  # set by begin_shutdown: live sockets end
@@ -118,13 +133,18 @@ class ServerState:
 
     async def read_json(self, request: Request) -> dict[str, Any]:
         """The request's body as a JSON object: 413 past ``max_body``, 400 if it is not
-        JSON or not an object, 415 if it says it is something else.  An empty body is
-        ``{}``."""
+        JSON or not an object (or a string in it holds NUL: ``bad_text``, see
+        :mod:`._ids`), 415 if it says it is something else.  An empty body is ``{}``."""
         ctype = request.headers.get("content-type", "application/json")
         if ctype and "json" not in ctype.split(";")[0].lower():
             raise ApiError(415, "unsupported_media_type", f"send application/json, not {ctype}")
         declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_body:
+        if (
+            declared is not None
+            and declared.isascii()
+            and declared.isdigit()
+            and (len(declared) > 18 or int(declared) > self.max_body)
+        ):
             raise _too_large(self.max_body)
         body = bytearray()
         async for chunk in request.stream():
@@ -137,10 +157,13 @@ class ServerState:
             data = json.loads(body)
         except ValueError as exc:
             raise ApiError(400, "malformed_json", f"the body is not valid JSON: {exc}") from exc
+        except RecursionError:
+            raise ApiError(400, "malformed_json", "the body's JSON is nested too deep") from None
         if not isinstance(data, dict):
             raise ApiError(
                 400, "bad_request", f"the body must be a JSON object, got {type(data).__name__}"
             )
+        check_text(data)
         return data
 
     # ---- limits ----------------------------------------------------------------------------

@@ -15,25 +15,13 @@ from pathlib import Path
 
 from .._exceptions import UsageError
 from ._errors import ApiError
+from ._ids import ID_PATTERN, check_id
 
-__all__ = ["TOKENS_ENV", "Auth", "check_id", "load_tokens"]
+__all__ = ["TOKENS_ENV", "Auth", "load_tokens"]
 
 TOKENS_ENV = "TRIO_AGENTS_TOKENS"
 
-# Ids in paths (apps, users, sessions): no separators, no control characters.
-_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,127}")
-
-
-def check_id(value: object, what: str) -> str:
-    """``value`` if it is a usable id, else a 400 naming ``what``."""
-    if not isinstance(value, str) or not _ID.fullmatch(value):
-        raise ApiError(
-            400,
-            "bad_request",
-            f"{what} must be 1-128 characters of letters, digits, '.', '_', '@' or '-' "
-            f"(starting with a letter or digit), got {value!r}",
-        )
-    return value
+_USER = re.compile(ID_PATTERN)
 
 
 def _parse(text: str, source: str) -> dict[str, str]:
@@ -58,7 +46,7 @@ def _parse(text: str, source: str) -> dict[str, str]:
     for token, user in pairs:
         if not isinstance(token, str) or len(token) < 8:
             raise UsageError(f"{source}: a token must be a str of at least 8 characters")
-        check_user = isinstance(user, str) and bool(_ID.fullmatch(user))
+        check_user = isinstance(user, str) and bool(_USER.fullmatch(user))
         if not check_user:
             raise UsageError(f"{source}: {user!r} is not a usable user id")
         tokens[token] = user

@@ -55,6 +55,8 @@ def create_app(
     max_body: int = MAX_BODY,
     max_active_per_user: int = 8,
     live_send_queue: int = 256,
+    live_control_rate: float = 20.0,
+    live_control_burst: int = 40,
     cors_origins: Iterable[str] = (),
     ui: bool = False,
 ) -> Starlette:
@@ -64,9 +66,11 @@ def create_app(
     its nursery.  ``tokens`` maps bearer tokens to user ids (see :func:`load_tokens`);
     without any, only ``insecure_dev=True`` serves (every request is believed to be the user
     it names: for a developer's own machine).  CORS is off unless ``cors_origins`` names
-    origins.  ``ui=True`` serves the dev UI at ``/ui/`` (and redirects ``/`` to it): a page
-    that drives this API from a browser.  Raises :class:`~trio_agents.UsageError` for a bad
-    configuration.
+    origins.  ``max_body`` bounds a request body and a ``/run_live`` message alike (bytes);
+    ``live_control_rate`` and ``live_control_burst`` bound the frames a ``/run_live`` client
+    sends that are not user messages (see :class:`ServerState`).  ``ui=True`` serves the
+    dev UI at ``/ui/`` (and redirects ``/`` to it): a page that drives this API from a
+    browser.  Raises :class:`~trio_agents.UsageError` for a bad configuration.
     """
     if not tokens and not insecure_dev:
         raise UsageError(
@@ -80,6 +84,8 @@ def create_app(
         max_body=max_body,
         max_active_per_user=max_active_per_user,
         live_send_queue=live_send_queue,
+        live_control_rate=live_control_rate,
+        live_control_burst=live_control_burst,
     )
     routes: list[BaseRoute] = [
         Route("/health", _health, methods=["GET"]),

@@ -12,8 +12,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ._auth import check_id
 from ._errors import ApiError
+from ._ids import check_id
 
 __all__ = ["camel", "get_bool", "get_id", "get_number", "get_object", "get_str", "raw"]
 

@@ -14,6 +14,12 @@ SSE frames
     last real event.  An invocation that was paused (or cancelled, or failed) and resumed
     since has more than one stored ending: the earlier ones are sent as ``event:
     run_ended`` (same data), so the one ``ended`` frame is always the last.
+
+Reconnecting after the end
+    A follower whose cursor is at or past the last ending of an invocation that is not
+    running (:func:`ended_before`) would wait for events that never come: the route answers
+    204 No Content instead, which tells a browser's ``EventSource`` (that reconnects after
+    every stream that ends, with the ``ended`` frame's id) to stop.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import trio
 from sse_starlette.event import ServerSentEvent
 from starlette.requests import Request
 
+from .._exceptions import StoreError, StoreUnavailableError
 from ..events import Event, EventId, InvocationEnded, event_id, to_dict
 from ..runner import Runner
 from ..stores import InvocationRecord, Store
@@ -35,6 +42,7 @@ from ._errors import ApiError
 
 __all__ = [
     "Frames",
+    "ended_before",
     "follow_to_end",
     "outcome_of",
     "stored_outcome",
@@ -77,6 +85,13 @@ async def stored_outcome(store: Store, record: InvocationRecord) -> dict[str, An
     events = await store.load_events(record.id, after_seq=max(record.last_seq - 1, 0))
     endings = [e for e in events if isinstance(e, InvocationEnded)]
     return outcome_of(endings[-1]) if endings else record_outcome(record)
+
+
+def ended_before(record: InvocationRecord, after: EventId) -> bool:
+    """Whether a follower after ``after`` has nothing more to see: the invocation is not
+    running and ``after`` is at or past its newest stored event (its last ending is its
+    newest event).  One that was resumed after that ending is running again: not ended."""
+    return record.status != "running" and after >= record.head
 
 
 async def follow_to_end(
@@ -189,14 +204,22 @@ class Frames:
                 )
             return
         except Exception as exc:  # a store failure: say so in the one terminal frame
+            # The store's own message names its host (or file): it goes to the log only.
             logger.warning("cannot follow invocation %s: %r", self.invocation_id, exc)
             self.finished = True
+            why = (
+                "the store is unavailable"
+                if isinstance(exc, StoreUnavailableError)
+                else "the store could not answer"
+                if isinstance(exc, StoreError)
+                else "an error, in the server's log"
+            )
             self._ready.append(
                 synthesized(
                     self.invocation_id,
-                    f"the server cannot follow this invocation any more ({type(exc).__name__}: "
-                    f"{exc}); it may still run: reattach with GET /invocations/"
-                    f"{self.invocation_id}/events and Last-Event-ID",
+                    f"the server cannot follow this invocation any more ({why}); it may "
+                    f"still run: reattach with GET /invocations/{self.invocation_id}/events "
+                    "and Last-Event-ID",
                 )
             )
             return

@@ -1,7 +1,15 @@
 """Routes on one invocation: its status, its events (SSE), cancel, approvals, resume.
 
 Every route first finds the invocation among the token user's (another user's is a 404
-exactly like a missing one).
+exactly like a missing one).  An id in the path that breaks its pattern is a 400 ``bad_id``
+(see :mod:`._ids`).
+
+Events (``GET /invocations/{id}/events``, ``Last-Event-ID`` or ``?after=``)
+    The SSE frames after the cursor (:mod:`._follow`), then live, to the terminal frame.  A
+    cursor that is not an event id (ASCII digits, ``seq`` or ``seq.sub``, each at most
+    2**63-1) is a 400 ``bad_event_id`` naming the header or parameter; an empty one means
+    "from the start" (as SSE has it).  A cursor at or past the last ending of an invocation
+    that is not running answers 204 at once: nothing more will come.
 
 Cancel (``POST /invocations/{id}:cancel``, body ``{"mode", "reason", "grace", "wait"}``)
     Records the cancel - at once if the invocation runs here, through the store if it runs
@@ -35,6 +43,7 @@ Resume (``POST /invocations/{id}:resume``, body ``{"wait": false}``)
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import trio
@@ -51,16 +60,24 @@ from ..events import (
     Event,
     EventId,
     InvocationEnded,
+    InvocationStarted,
     ResultRequested,
     check_cancel_mode,
     parse_event_id,
 )
 from ..runner import Runner
-from ..stores import InvocationRecord
+from ..stores import InvocationRecord, Store
 from ._app import ServerState
 from ._errors import ApiError
 from ._fields import get_bool, get_number, get_str, invalid, raw
-from ._follow import follow_to_end, outcome_of, stored_outcome, watching_disconnect
+from ._follow import (
+    ended_before,
+    follow_to_end,
+    outcome_of,
+    stored_outcome,
+    watching_disconnect,
+)
+from ._ids import path_id
 from ._runs import events_json, sse_response
 
 __all__ = ["cancel_and_answer", "client_session_id", "invocation_routes"]
@@ -88,7 +105,7 @@ def status_url(request: Request, invocation_id: str) -> str:
 async def _record(request: Request) -> tuple[ServerState, str, InvocationRecord]:
     state = _state(request)
     user = state.user(request)
-    invocation_id = request.path_params["invocation_id"]
+    invocation_id = path_id(request, "invocation_id")
     if state.believes_anyone(request):  # insecure dev: the invocation's owner acts
         record = await state.invocation(invocation_id, None)
         return state, record.user_id or user, record
@@ -114,8 +131,22 @@ async def get_invocation(request: Request) -> JSONResponse:
             "updated_at": record.updated_at,
             "last_event_id": _head_id(record),
             "outcome": await stored_outcome(state.runner.store, record),
+            "owner": record.owner,
+            # Running while its owner's lease lapsed: its process died; a recovering instance
+            # takes it over within a lease (see trio_agents._recovery).
+            "orphaned": record.status == "running" and record.lease_expires_at <= time.time(),
+            "takeovers": await _takeovers(state.runner.store, record.id),
         }
     )
+
+
+async def _takeovers(store: Store, invocation_id: str) -> list[dict[str, Any]]:
+    """Each run that took the invocation over from a process whose lease had lapsed."""
+    return [
+        {"at": e.at, "from": e.taken_over_from, "to": e.owner}
+        for e in await store.load_events(invocation_id)
+        if isinstance(e, InvocationStarted) and e.taken_over_from is not None
+    ]
 
 
 def _after(request: Request) -> EventId:
@@ -132,7 +163,13 @@ def _after(request: Request) -> EventId:
 
 async def invocation_events(request: Request) -> Response:
     state, user, record = await _record(request)
-    return sse_response(state, record.id, user=user, after=_after(request))
+    after = _after(request)
+    if ended_before(record, after):
+        # Nothing more will come: say so at once.  204 is what stops a browser's EventSource
+        # from reconnecting (it reconnects after every stream that ends, with Last-Event-ID
+        # set to the ended frame's id); a stream here would stay open with nothing to send.
+        return Response(status_code=204, headers={"X-Invocation-Id": record.id})
+    return sse_response(state, record.id, user=user, after=after)
 
 
 async def cancel_and_answer(
@@ -251,7 +288,7 @@ async def list_approvals(request: Request) -> JSONResponse:
 
 async def decide(request: Request) -> JSONResponse:
     state, user, record = await _record(request)
-    approval_id = request.path_params["approval_id"]
+    approval_id = path_id(request, "approval_id")
     body = await state.read_json(request)
     approved = raw(body, "approved", required=True)
     if not isinstance(approved, bool):
@@ -311,7 +348,14 @@ async def resume(request: Request) -> Response:
     async with state.admit(user):
         # A "running" record whose owner died is resumable once its lease lapses: the store
         # decides (LeaseError, 409 lease_held, while another process holds it).
-        await state.runner.resume(record.id, agent=agent)
+        try:
+            await state.runner.resume(record.id, agent=agent)
+        except UsageError:
+            if state.runner.is_active(record.id):  # recovery took it over meanwhile, here
+                raise ApiError(
+                    409, "invocation_running", f"invocation {record.id!r} is running here"
+                ) from None
+            raise
     if not wait:
         return JSONResponse(
             {"invocation_id": record.id, "status": "running"},

@@ -28,6 +28,14 @@ Frames
     A frame that cannot be understood is answered ``{"type": "error", "code": ..., "message":
     ...}`` and the socket stays open.
 
+    Limits, as on every face: a message larger than ``max_body`` bytes (the largest HTTP
+    body) closes the socket with 1009 and the reason, unread - nothing of it is journaled.
+    Frames that are not user messages (pings, cancels, decisions, stops, frames that cannot
+    be understood or are refused) are allowed ``live_control_burst`` at once, refilled at
+    ``live_control_rate`` a second; a client past that is closed with 1008 ("rate limit").
+    WebSocket-level pings never reach the app: Hypercorn answers them itself, and offers no
+    limit on them.
+
     The server sends ``{"type": "ready", "session_id": ..., "cursor": ...}`` once the loop is
     open, then every event of the loop (its own and each turn's) as ``{"type": "event",
     **events.to_dict(event), "cursor": ...}``; ``cursor`` resumes the stream on a new socket
@@ -51,7 +59,9 @@ What happens on cancel
     The client closing the socket, a ``stop`` frame, a client that fell behind, a takeover or
     the server shutting down stops the loop (``immediate``, except ``stop``'s mode): the live
     turn ends ``cancelled`` and its model stream is closed.  Then the loop's last events
-    (its ``ended``) are sent and the socket is closed with the code that says why.  A loop
+    (its ``ended``) are sent and the socket is closed with the code that says why; what the
+    client still sends is read and dropped until it answers the close (at most
+    ``CLOSE_TIMEOUT`` seconds), so the connection ends even if the client was flooding it.  A loop
     stopped by someone else (``runner.request_cancel("loop:...")``, a lost lease) ends the
     socket at once (1000, "the conversation was stopped").
 
@@ -67,8 +77,7 @@ import contextlib
 import json
 import logging
 import weakref
-from collections.abc import Mapping
-from typing import Any, Final, cast
+from typing import Final
 
 import trio
 from starlette.routing import BaseRoute, WebSocketRoute
@@ -79,15 +88,19 @@ from ..events import CancelMode, to_dict
 from ..turnloop import LoopEventStream, TurnLoop
 from ._app import ServerState
 from ._errors import ApiError, from_library_error
+from ._ids import check_id
 from ._live_open import (
     BadFrame,
     Frame,
     LiveRequest,
+    TokenBucket,
     close_reason,
     ensure_session,
     error_frame,
     frame_mode,
     get_field,
+    message_size,
+    read_frame,
     refuse,
 )
 
@@ -100,6 +113,8 @@ DRAIN_TIMEOUT: Final = 5.0
 """Once the loop has ended, the longest its last events take to reach the send queue."""
 SLOW_CLIENT_GRACE: Final = 2.0
 """How long the send queue may stay full before the client is judged too slow (1008)."""
+CLOSE_TIMEOUT: Final = 5.0
+"""Once the server closed the socket, the longest it waits for the client's answer."""
 HANDOVER_TIMEOUT: Final = 10.0
 """The longest a socket taking a conversation over waits for the previous one's loop."""
 
@@ -311,10 +326,22 @@ class _Conversation:
         if not self.client_gone:
             with contextlib.suppress(WebSocketDisconnect, RuntimeError):
                 await self.websocket.close(self.close_code, close_reason(self.close_reason))
+                # Read (and drop) what the client still sends until it answers the close:
+                # Hypercorn hands an app at most a few unread messages, then stops reading
+                # the connection - a client that was flooding it (the reason for a 1008 or
+                # 1009) would never have its close read, and the connection would stay open.
+                with trio.move_on_after(CLOSE_TIMEOUT):
+                    while (await self.websocket.receive())["type"] != "websocket.disconnect":
+                        pass
 
     # ---- the client's frames ---------------------------------------------------------------
 
     async def _read(self, loop: TurnLoop, send: trio.MemorySendChannel[Frame]) -> None:
+        """Read and answer the client's frames, within the limits: a message above
+        ``max_body`` bytes ends the conversation (1009) unread; so does a client past its
+        allowance of frames that are not user messages (1008, see :class:`ServerState`)."""
+        state = self.state
+        allowance = TokenBucket(state.live_control_rate, state.live_control_burst)
         with send:
             while True:
                 message = await self.websocket.receive()
@@ -322,24 +349,42 @@ class _Conversation:
                     self.client_gone = True
                     self.end(1000, "the client closed the socket", "the socket closed")
                     return
-                reply = await self._answer(loop, message)
+                size = message_size(message)
+                if size > state.max_body:
+                    self.end(
+                        1009,
+                        f"message too big: {size} bytes, the most is {state.max_body}",
+                        f"the client sent a message of {size} bytes",
+                    )
+                    return
+                try:
+                    frame: Frame | None = read_frame(message)
+                    reply = None
+                except BadFrame as exc:
+                    frame, reply = None, error_frame(exc.code, str(exc))
+                user_message = frame is not None and frame.get("type") == "message"
+                if not user_message and not allowance.take():
+                    self._too_fast(allowance)
+                    return
+                if frame is not None:
+                    reply = await self._answer(loop, frame)
+                    # A user message that is refused costs like any other frame.
+                    failed = reply is not None and reply.get("type") == "error"
+                    if user_message and failed and not allowance.take():
+                        self._too_fast(allowance)
+                        return
                 if reply is not None and not await self._put(send, reply):
                     return
 
-    async def _answer(self, loop: TurnLoop, message: Mapping[str, Any]) -> Frame | None:
-        text = message.get("text")
-        if not isinstance(text, str):
-            return error_frame(
-                "bad_frame", "send JSON text frames; binary frames are not understood"
-            )
-        try:
-            frame = json.loads(text)
-        except ValueError as exc:
-            return error_frame("malformed_json", f"the frame is not valid JSON: {exc}")
-        if not isinstance(frame, dict):
-            return error_frame(
-                "bad_frame", f"a frame must be a JSON object, got {type(frame).__name__}"
-            )
+    def _too_fast(self, allowance: TokenBucket) -> None:
+        self.end(
+            1008,
+            f"rate limit: more than {allowance.burst} frames that are not messages at once, "
+            f"or {allowance.rate:g} a second",
+            "the client sent control frames too fast",
+        )
+
+    async def _answer(self, loop: TurnLoop, frame: Frame) -> Frame | None:
         kind = frame.get("type")
         handlers = {
             "message": self._message,
@@ -355,9 +400,9 @@ class _Conversation:
                 f"unknown frame type {kind!r}; send one of {', '.join(sorted(handlers))}",
             )
         try:
-            return await handler(loop, cast(Frame, frame))
+            return await handler(loop, frame)
         except BadFrame as exc:
-            return error_frame("bad_frame", str(exc))
+            return error_frame(exc.code, str(exc))
         except Exception as exc:
             error = from_library_error(exc)
             if error.code == "internal_error":
@@ -385,8 +430,16 @@ class _Conversation:
         return None  # the turn's ended event follows
 
     async def _decide(self, loop: TurnLoop, frame: Frame) -> Frame | None:
-        invocation_id = get_field(frame, "invocation_id", str, "a str", required=True)
-        approval_id = get_field(frame, "approval_id", str, "a str", required=True)
+        invocation_id = check_id(
+            get_field(frame, "invocation_id", str, "a str", required=True),
+            "'invocation_id'",
+            "invocation",
+        )
+        approval_id = check_id(
+            get_field(frame, "approval_id", str, "a str", required=True),
+            "'approval_id'",
+            "approval",
+        )
         approved = get_field(frame, "approved", bool, "true or false", required=True)
         reason = get_field(frame, "reason", str, "a str")
         arguments = get_field(frame, "arguments", (dict, str), "an object or JSON text")

@@ -4,10 +4,13 @@ helpers that read the client's frames (see :mod:`._live` for the protocol)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import re
+from collections.abc import Mapping
 from typing import Any, Final
 
+import trio
 from starlette.websockets import WebSocket
 
 from .._exceptions import SessionNotFound, UsageError
@@ -16,8 +19,8 @@ from ..events import CancelMode, check_cancel_mode
 from ..stores import Store
 from ..turnloop import PolicyDecision
 from ._app import ServerState, session_key
-from ._auth import check_id
 from ._errors import ApiError, error_response
+from ._ids import check_id, check_text
 
 __all__ = [
     "CURSOR",
@@ -25,11 +28,14 @@ __all__ = [
     "BadFrame",
     "Frame",
     "LiveRequest",
+    "TokenBucket",
     "close_reason",
     "ensure_session",
     "error_frame",
     "frame_mode",
     "get_field",
+    "message_size",
+    "read_frame",
     "refuse",
 ]
 
@@ -64,6 +70,8 @@ class LiveRequest:
             authorization = f"Bearer {token}"
         claimed = param("user_id", "user")
         self.user = state.auth.user(authorization, claimed=claimed)
+        if claimed is not None:
+            check_id(claimed, "user_id")
         if claimed is not None and claimed != self.user:
             raise ApiError(404, "session_not_found", f"no session of user {claimed!r} here")
         app = param("app_name", "app")
@@ -125,7 +133,63 @@ def error_frame(code: str, message: str) -> Frame:
 
 
 class BadFrame(Exception):
-    pass
+    """A frame the server cannot act on: answered ``{"type": "error", "code": code, ...}``."""
+
+    def __init__(self, message: str, code: str = "bad_frame") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def message_size(message: Mapping[str, Any]) -> int:
+    """The size of a ``websocket.receive`` message, in bytes (a text one as UTF-8)."""
+    text = message.get("text")
+    if isinstance(text, str):
+        return len(text.encode("utf-8", "surrogatepass"))
+    data = message.get("bytes")
+    return len(data) if data else 0
+
+
+def read_frame(message: Mapping[str, Any]) -> Frame:
+    """The JSON object a ``websocket.receive`` message carries; :class:`BadFrame` (with the
+    code to answer) for a binary frame, text that is not a JSON object, or text holding NUL
+    (see :mod:`._ids`)."""
+    text = message.get("text")
+    if not isinstance(text, str):
+        raise BadFrame("send JSON text frames; binary frames are not understood")
+    try:
+        frame = json.loads(text)
+    except ValueError as exc:
+        raise BadFrame(f"the frame is not valid JSON: {exc}", "malformed_json") from None
+    except RecursionError:
+        raise BadFrame("the frame's JSON is nested too deep", "malformed_json") from None
+    if not isinstance(frame, dict):
+        raise BadFrame(f"a frame must be a JSON object, got {type(frame).__name__}")
+    try:
+        check_text(frame, "the frame")
+    except ApiError as exc:
+        raise BadFrame(exc.message, exc.code) from None
+    return frame
+
+
+class TokenBucket:
+    """``burst`` at once, refilled at ``rate`` a second on trio's clock: how many frames a
+    client may send (see :class:`._app.ServerState`, ``live_control_rate``)."""
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate = rate
+        self.burst = burst
+        self._tokens = float(burst)
+        self._at = trio.current_time()
+
+    def take(self) -> bool:
+        """Spend one token; ``False`` (nothing spent) when none is left."""
+        now = trio.current_time()
+        self._tokens = min(float(self.burst), self._tokens + (now - self._at) * self.rate)
+        self._at = now
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True
 
 
 def get_field(

@@ -12,12 +12,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from ._ids import APPROVAL_ID_PATTERN, ID_PATTERN, INVOCATION_ID_PATTERN
+
 __all__ = ["document", "openapi_route"]
 
-ID = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$"}
-INVOCATION_ID = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"}
+# The patterns the server checks (an id that breaks one is 400 bad_id): see ._ids.
+ID = {"type": "string", "pattern": f"^{ID_PATTERN}$"}
+INVOCATION_ID = {"type": "string", "pattern": f"^{INVOCATION_ID_PATTERN}$"}
 # "<turn>:<call id>", with the step's path in front inside a workflow ("0:step/1:call_1").
-APPROVAL_ID = {"type": "string", "minLength": 1, "maxLength": 512}
+APPROVAL_ID = {"type": "string", "pattern": f"^{APPROVAL_ID_PATTERN}$"}
+# seq or seq.sub, ASCII digits, each part at most 2**63-1 (a longer one is 400 bad_event_id).
+EVENT_ID = {"type": "string", "pattern": r"^[0-9]{1,19}(\.[0-9]{1,19})?$"}
 NULLABLE_STR = {"type": ["string", "null"]}
 OBJ: dict[str, Any] = {"type": "object"}
 
@@ -53,7 +58,8 @@ SSE = {
 
 def errors(*statuses: int) -> dict[str, Any]:
     meaning = {
-        400: "bad request (malformed JSON, a bad id or Last-Event-ID)",
+        400: "bad request: malformed JSON, an id or event id that breaks its pattern, a NUL "
+        "in text (the code says which)",
         401: "no or unknown token",
         404: "no such app, session, invocation or approval (or not yours)",
         409: "conflict (session busy or exists, gate closed, not running, completed)",
@@ -217,6 +223,20 @@ def schemas(apps: list[str]) -> dict[str, Any]:
                 "status": {"enum": ["running", "completed", "failed", "cancelled", "paused"]},
                 "last_event_id": {"type": "string"},
                 "outcome": {"oneOf": [ref("Outcome"), {"type": "null"}]},
+                "owner": NULLABLE_STR,
+                "orphaned": {"type": "boolean"},
+                "takeovers": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["at", "from", "to"],
+                        "properties": {
+                            "at": {"type": "number"},
+                            "from": {"type": "string"},
+                            "to": NULLABLE_STR,
+                        },
+                    },
+                },
             },
         },
         "Approvals": {
@@ -316,7 +336,7 @@ def document(apps: list[str]) -> dict[str, Any]:
                 "List the user's sessions of an app",
                 {
                     "200": json_body({"type": "array", "items": ref("Session")}, "the sessions"),
-                    **errors(404),
+                    **errors(400, 404),
                 },
                 params=sp,
             ),
@@ -333,12 +353,12 @@ def document(apps: list[str]) -> dict[str, Any]:
             ),
             "get": op(
                 "A session with its events",
-                {"200": json_body(ref("Session"), "the session"), **errors(404)},
+                {"200": json_body(ref("Session"), "the session"), **errors(400, 404)},
                 params=ssp,
             ),
             "delete": op(
                 "Delete a session",
-                {"204": {"description": "deleted"}, **errors(404, 409)},
+                {"204": {"description": "deleted"}, **errors(400, 404, 409)},
                 params=ssp,
             ),
         },
@@ -370,26 +390,27 @@ def document(apps: list[str]) -> dict[str, Any]:
         "/invocations/{invocation_id}": {
             "get": op(
                 "An invocation's status and outcome",
-                {"200": json_body(ref("Invocation"), "the invocation"), **errors(404)},
+                {"200": json_body(ref("Invocation"), "the invocation"), **errors(400, 404)},
                 params=ip,
             )
         },
         "/invocations/{invocation_id}/events": {
             "get": op(
-                "An invocation's events (SSE) after Last-Event-ID (or ?after=), then live",
-                {"200": SSE, **errors(400, 404)},
+                "An invocation's events (SSE) after Last-Event-ID (or ?after=; the header wins; "
+                "empty: from the start), then live; 204 once nothing more can come",
+                {
+                    "200": SSE,
+                    "204": {
+                        "description": "nothing more: the invocation is not running and the "
+                        "cursor is at or past its last ending (a browser's EventSource stops "
+                        "reconnecting)"
+                    },
+                    **errors(400, 404),
+                },
                 params=[
                     *ip,
-                    {
-                        "name": "after",
-                        "in": "query",
-                        "schema": {"type": "string", "pattern": r"^\d+(\.\d+)?$"},
-                    },
-                    {
-                        "name": "Last-Event-ID",
-                        "in": "header",
-                        "schema": {"type": "string", "pattern": r"^\d+(\.\d+)?$"},
-                    },
+                    {"name": "after", "in": "query", "schema": EVENT_ID},
+                    {"name": "Last-Event-ID", "in": "header", "schema": EVENT_ID},
                 ],
             )
         },
@@ -416,7 +437,7 @@ def document(apps: list[str]) -> dict[str, Any]:
         "/invocations/{invocation_id}/approvals": {
             "get": op(
                 "The gates an invocation opened, with their states",
-                {"200": json_body(ref("Approvals"), "the gates"), **errors(404)},
+                {"200": json_body(ref("Approvals"), "the gates"), **errors(400, 404)},
                 params=ip,
             )
         },

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 from collections.abc import Awaitable, Callable
-from typing import cast
+from typing import Final, cast
 
 import trio
 from hypercorn.config import Config
@@ -16,11 +16,14 @@ from starlette.applications import Starlette
 from .._exceptions import UsageError
 from ._app import ServerState
 
-__all__ = ["LOOPBACK", "serve"]
+__all__ = ["LOOPBACK", "WEBSOCKET_READ_FACTOR", "serve"]
 
 logger = logging.getLogger("trio_agents.server")
 
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+WEBSOCKET_READ_FACTOR: Final = 4
+"""Hypercorn reads a WebSocket message of up to this many times ``max_body`` (at least its
+own default, 16 MiB) before it closes the socket itself."""
 
 
 async def _signalled() -> None:
@@ -48,7 +51,10 @@ async def serve(
     runs with reason ``shutdown`` (the runner journals each ending, so another instance can
     resume them), and gives open requests ``graceful_timeout`` seconds to send their terminal
     frames before they are cut.  ``backlog`` is the listening socket's queue of connections
-    not yet accepted.  The runner stays open: leave its block after this returns.
+    not yet accepted.  A ``/run_live`` message above the app's ``max_body`` is refused by
+    the app (1009, with the reason); one above :data:`WEBSOCKET_READ_FACTOR` times it (and
+    above 16 MiB) is not even read whole: Hypercorn closes the socket (1009, no reason).  The
+    runner stays open: leave its block after this returns.
 
     Raises :class:`~trio_agents.UsageError` for an app that serves without tokens
     (``insecure_dev``) on anything but the loopback interface.
@@ -64,6 +70,15 @@ async def serve(
     config.backlog = backlog
     config.accesslog = None
     config.keep_alive_timeout = 30
+    # The one limit on a /run_live message is the app's own, max_body (1009 with the reason,
+    # nothing journaled: see ._live).  Hypercorn reads a message whole before the app sees
+    # it and has a limit of its own (16 MiB by default), kept above the app's as the bound on
+    # what one socket can make the server hold - never at it: past it Hypercorn 0.18 closes
+    # with 1009 without a reason and stops reading the socket's events, so the client's close
+    # is never read and the conversation stays open until the client drops the connection.
+    config.websocket_max_message_size = max(
+        config.websocket_max_message_size, WEBSOCKET_READ_FACTOR * state.max_body
+    )
 
     async def shutdown() -> None:
         await (shutdown_trigger or _signalled)()

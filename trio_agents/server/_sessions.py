@@ -32,9 +32,9 @@ from ..messages import AssistantMessage, UserMessage
 from ..stores import Session
 from ..stores._base import InvocationStatus, SessionEntry
 from ._app import ServerState, session_key
-from ._auth import check_id
 from ._errors import ApiError
 from ._fields import get_object
+from ._ids import path_id
 from ._invocations import cancel_and_answer
 
 __all__ = ["session_routes"]
@@ -84,10 +84,15 @@ def session_json(app: str, user: str, session: Session, *, events: bool) -> dict
 
 
 def _where(request: Request) -> tuple[ServerState, str, str]:
-    """The state, app and user of a session path (401, 404 for another user or app)."""
+    """The state, app and user of a session path: 401 without a valid token, then 400 for
+    an id that breaks its pattern (the session's too), then 404 for another user or app."""
     state: ServerState = request.app.state.trio_agents
-    user = state.user(request, claimed=request.path_params["user"])
-    app = request.path_params["app"]
+    state.user(request)
+    app = path_id(request, "app")
+    claimed = path_id(request, "user")
+    if "session" in request.path_params:
+        path_id(request, "session")
+    user = state.user(request, claimed=claimed)
     state.agent(app)
     return state, app, user
 
@@ -98,8 +103,7 @@ def _missing(session: str) -> ApiError:
 
 async def create_session(request: Request) -> JSONResponse:
     state, app, user = _where(request)
-    given = request.path_params.get("session")
-    session = check_id(given, "the session id") if given is not None else uuid.uuid4().hex
+    session = request.path_params.get("session") or uuid.uuid4().hex  # checked by _where
     body = await state.read_json(request)
     initial = get_object(body, "state")
     key = session_key(app, user, session)

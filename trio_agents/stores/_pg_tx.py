@@ -1,6 +1,12 @@
 """PostgreSQL plumbing of :class:`~trio_agents.stores.PostgresStore`: the transaction adapter
 the SQL operations run on (``?`` placeholders become ``%s``; ``NOTIFY`` on the two channels),
 and the channel names.
+
+Every value the operations bind passes through :class:`Tx`, so it is where text PostgreSQL
+cannot hold is refused: a string with U+0000 (NUL) - an id, an input, a reason - raises
+:class:`~trio_agents.UsageError` naming it before the query is sent (the transaction rolls
+back), not a database error that would read as a failing store.  JSON is stored escaped
+(``\\u0000``), so a NUL inside a message or an event is kept, not refused.
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ from typing import Any, Final
 
 import psycopg
 from psycopg.rows import TupleRow
+
+from .._exceptions import UsageError
 
 __all__ = ["CHANNEL", "EVENTS_CHANNEL", "Tx", "channel_name"]
 
@@ -68,13 +76,17 @@ class Tx:
         return self._now
 
     def rows(self, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        _check_text(params)
         cursor = self._conn.execute(_pg(query), params or None)
         return cursor.fetchall() if cursor.description is not None else []
 
     def run(self, query: str, params: Sequence[Any] = ()) -> int:
+        _check_text(params)
         return self._conn.execute(_pg(query), params or None).rowcount
 
     def run_many(self, query: str, params: Sequence[Sequence[Any]]) -> None:
+        for row in params:
+            _check_text(row)
         with self._conn.cursor() as cursor:
             cursor.executemany(_pg(query), params)
 
@@ -83,3 +95,13 @@ class Tx:
 
     def notify_events(self, invocation_id: str) -> None:
         self._conn.execute("SELECT pg_notify(%s, %s)", (self._events_channel, invocation_id))
+
+
+def _check_text(params: Sequence[Any]) -> None:
+    """Refuse a string PostgreSQL's text cannot hold (see the module docstring)."""
+    for value in params:
+        if isinstance(value, str) and "\x00" in value:
+            shown = repr(value) if len(value) <= 60 else f"{value[:50]!r}... ({len(value)} chars)"
+            raise UsageError(
+                f"PostgreSQL text cannot hold the NUL character (U+0000), found in {shown}"
+            )

@@ -53,6 +53,9 @@ Errors
     its retries (see Conflicts), a query cancelled by someone else (``57014``), a schema newer
     than this code and any other database error -> :class:`~trio_agents.StoreError` naming
     the SQLSTATE.
+    Text PostgreSQL cannot hold (a NUL character in an id, an input, a reason) ->
+    :class:`~trio_agents.UsageError` naming the value, before any query is sent (see
+    :mod:`._pg_tx`).
 """
 
 from __future__ import annotations

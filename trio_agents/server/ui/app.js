@@ -383,7 +383,7 @@ function apply(entry, replaying) {
     case "started":
       inv.run += 1;
       $("inv-id").textContent = d.invocation_id;
-      if (d.resumed) block(`resumed:${d.seq}`, () => h("div", { class: "divider labelled", text: "resumed" }));
+      if (d.resumed) block(`resumed:${d.seq}`, () => h("div", { class: "divider labelled", text: resumedText(d) }));
       else block("input", () => bubble("user", d.input));
       setRunning(true);
       break;
@@ -450,9 +450,14 @@ function apply(entry, replaying) {
 
 // ---- the timeline --------------------------------------------------------------------------
 
+// A resumed run; one that took over from a process that died says from whom and by whom.
+function resumedText(d) {
+  return d.taken_over_from ? `taken over from ${d.taken_over_from} by ${d.owner}` : "resumed";
+}
+
 function summary(d) {
   switch (d.kind) {
-    case "started": return d.resumed ? "resumed" : d.input;
+    case "started": return d.resumed ? resumedText(d) : d.input;
     case "turn_finished": return d.message.text || d.message.tool_calls.map((c) => `${c.name}(…)`).join(", ");
     case "tool_call_started": return `${d.call.name} ${d.call.arguments}`;
     case "tool_call_finished": return `${d.result.name} → ${d.result.content}`;
@@ -700,18 +705,21 @@ async function follow() {
   setRunning(false);
 }
 
-// Read one SSE answer into the current invocation; true once its terminal frame came.
+// Read one SSE answer into the current invocation; true once its terminal frame came (or
+// the server answered 204: it ended where we were, nothing more will come).
 async function stream(response, ctl) {
   const inv = ui.cur;
-  let done = false;
+  let done = response.status === 204;
   inv.following = true;
   save();
   try {
-    await readFrames(response, (frame) => {
-      if (ctl.signal.aborted || ui.cur !== inv) return;
-      onFrame(frame);
-      if (frame.event === "ended") done = true;
-    });
+    if (!done) {
+      await readFrames(response, (frame) => {
+        if (ctl.signal.aborted || ui.cur !== inv) return;
+        onFrame(frame);
+        if (frame.event === "ended") done = true;
+      });
+    }
   } catch (err) {
     if (err.name === "AbortError") return false;
   }
