@@ -302,7 +302,7 @@ async def test_an_instance_killed_mid_run_is_taken_over_by_another(store_url: st
         assert len(ended) == 1
         assert ended[0].data["status"] == "completed"
         assert ended[0].data["output"].endswith("resumed answer")
-        ids = [parse_event_id(f.id) for f in [*seen, *followed]]
+        ids = [parse_event_id(f.id or "") for f in [*seen, *followed]]
         assert ids == sorted(set(ids))
         assert len(model.requests) == 2
         [takeover] = shown["takeovers"]
