@@ -40,6 +40,7 @@ def bench(session: nox.Session) -> None:
         "parked",
         "server",
         "batch",
+        "fleet",
     ):
         session.run("python", "-m", f"benchmarks.{script}", *session.posargs)
 

@@ -63,6 +63,14 @@ EXPECTED = {
         r"\| batch, postgresql, 2 worker processes \| 16 \| \d+ \| [\d.]+ \| [\d.]+x \|"
         r"|PostgreSQL: skipped",
     ],
+    "fleet": [  # each, unless the PostgreSQL server is away
+        r"starts: [\d.]+ /s|PostgreSQL: skipped",
+        r"cancel from another instance: model stream closed p50 [\d.]+ p99 [\d.]+ ms"
+        r"|PostgreSQL: skipped",
+        r"idle with \d+ parked: [\d.]+ transactions/s, [\d.]+ scans/s|PostgreSQL: skipped",
+        r"kill of an instance holding \d+: all running again after [\d.]+ s .* lost 0, run "
+        r"twice 0|PostgreSQL: skipped",
+    ],
     "parked": [
         r"memory per parked invocation: [\d.]+ KiB Python \(RSS -?[\d.]+ KiB\)",
         r"start: [\d.]+ s \([\d.]+ us/start\)",

@@ -2,7 +2,8 @@
 
 Benchmarks use it so the server's CPU and memory are not counted with the client's.  The model
 name of each request says what to stream: ``"tokens=20,delay=0.005,first=0"`` streams 20
-one-word tokens, ``delay`` seconds apart, after ``first`` seconds; ``pause=0.0001`` adds a
+one-word tokens, ``delay`` seconds apart, after ``first`` seconds (``call=deploy`` then calls
+tool ``deploy``); ``pause=0.0001`` adds a
 real-time pause that short before each chunk sent with no delay (see
 :attr:`~trio_agents.testing.ResponsePlan.pause`), so a client reads one chunk at a time even
 when ``delay`` is 0, the way a provider's tokens arrive.  Each chunk is its own HTTP chunk and
@@ -22,12 +23,14 @@ from typing import Any
 import attrs
 import trio
 
+from ..messages import ToolCall
 from ._server import FakeServer, ResponsePlan
 from .openai import openai_stream, serve_fake_openai_server
 
 
 def plan_from_model_name(body: Any) -> ResponsePlan:
-    """Read ``tokens=N,delay=S,first=S,pause=S`` from the request's model name."""
+    """Read ``tokens=N,delay=S,first=S,pause=S,call=NAME`` from the request's model name
+    (``call``: after the tokens, one call of tool ``NAME`` with no arguments)."""
     return _plan(str(body.get("model", "")) if isinstance(body, dict) else "")
 
 
@@ -38,7 +41,12 @@ def _plan(spec: str) -> ResponsePlan:
     tokens = int(options.get("tokens", 20))
     delay = float(options.get("delay", 0))
     first = float(options.get("first", delay))
-    plan = openai_stream([f"tok{i} " for i in range(tokens)], delay=delay, first_delay=first)
+    calls = []
+    if "call" in options:
+        calls.append(ToolCall(id="call_1", name=options["call"], arguments="{}"))
+    plan = openai_stream(
+        [f"tok{i} " for i in range(tokens)], delay=delay, first_delay=first, tool_calls=calls
+    )
     return attrs.evolve(plan, pause=float(options.get("pause", 0)))
 
 
