@@ -111,3 +111,17 @@ async def test_service_shuts_down_gracefully_and_resumes(tmp_path: Path) -> None
     assert "POST /agents/run -> completed 'Hello from the fake model.'" in out
     assert "the stream ended: cancelled (shutdown)" in out
     assert re.search(r"^resumed [0-9a-f]{32}: completed, \d+ characters$", out, re.M), out
+
+
+@pytest.mark.slow
+async def test_stop_button_stops_mid_answer_and_resumes(tmp_path: Path) -> None:
+    """Stop after five pieces of the answer: the run ends ``cancelled`` with the partial
+    text; the resume under the same id completes the answer."""
+    from examples.stop_button import ANSWER
+
+    out = await run_example(tmp_path, "stop_button")
+    stopped = re.search(r"-> cancelled \(user pressed stop\); partial: '([^']*)'", out)
+    assert stopped is not None, out
+    assert 0 < len(stopped[1]) < len(ANSWER)
+    assert ANSWER.startswith(stopped[1])
+    assert re.search(r"-> resumed \w+: completed: ", out), out
