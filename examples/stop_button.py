@@ -30,10 +30,12 @@ async def main() -> None:
         store = f"sqlite:///{Path(tmp) / 'agents.db'}"
         async with ta.Runner(store=store) as runner:
             inv = await runner.start(make_agent(), "What is structured concurrency?")
+            shown = 0
             async for event in inv.events():
                 if event.kind == "text_delta":
                     print(event.text, end="", flush=True)
-                    if event.seq >= 5:
+                    shown += 1
+                    if shown == 5:  # the person presses Stop after five pieces
                         inv.cancel(reason="user pressed stop")
             outcome = await inv.wait()
             print(f"\n-> {outcome.status} ({outcome.reason}); partial: {outcome.output!r}")
