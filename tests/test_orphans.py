@@ -227,3 +227,61 @@ async def test_a_cancel_from_elsewhere_never_ends_a_run_twice(case: StoreCase) -
 
 async def has_event(case: StoreCase, invocation_id: str, kind: type[Event]) -> bool:
     return any(isinstance(e, kind) for e in await case.store.load_events(invocation_id))
+
+
+class HeldOpen:
+    """A store whose ``create_invocation`` and ``acquire_lease`` wait for ``go``, after
+    saying (``entered``) that they were called: an invocation stuck half-open."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.entered = trio.Event()
+        self.go = trio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def create_invocation(self, *args: Any, **kwargs: Any) -> Any:
+        self.entered.set()
+        await self.go.wait()
+        return await self._inner.create_invocation(*args, **kwargs)
+
+    async def acquire_lease(self, *args: Any, **kwargs: Any) -> Any:
+        self.entered.set()
+        await self.go.wait()
+        return await self._inner.acquire_lease(*args, **kwargs)
+
+
+async def test_a_cancel_that_comes_as_an_invocation_opens_is_said_once_it_is_durable(
+    case: StoreCase,
+) -> None:
+    """A cancel by id (``runner.cancel``, or the watcher with a request found for a run being
+    resumed) that reaches an invocation before it is durable - a start, and a resume that is
+    taking the lease - is applied, and its ``cancel_requested`` event is published once the
+    run's ids are known: each run ends ``cancelled``, its ending stored, ids strictly
+    increasing."""
+    agent = streaming_agent()
+    async with Runner(store=case.store) as first:
+        stopped = await first.start(agent, "hi", invocation_id="inv-h")
+        stopped.cancel("immediate", reason="first stop")
+        await stopped.wait()
+    held = HeldOpen(case.store)
+    async with Runner(store=held, agents=[agent]) as runner, trio.open_nursery() as nursery:
+        opening: list[Any] = []
+
+        async def resume() -> None:
+            opening.append(await runner.resume("inv-h"))
+
+        nursery.start_soon(resume)
+        await held.entered.wait()  # the resume is taking the lease
+        assert runner.cancel("inv-h", reason="too soon")
+        held.go.set()
+        with trio.fail_after(10):
+            await eventually(lambda: bool(opening))
+            outcome = await opening[0].wait()
+    assert (outcome.status, outcome.reason, outcome.store_error) == ("cancelled", "too soon", None)
+    events = await case.store.read_events("inv-h")
+    ids = [(e.seq, e.sub) for e in events]
+    assert ids == sorted(set(ids))
+    second_run = events[[e.kind for e in events].index("ended") + 1 :]
+    assert [e.kind for e in second_run] == ["started", "cancel_requested", "ended"]

@@ -179,6 +179,7 @@ class Invocation:
         "_lease_trouble",
         "_mode",
         "_noted",
+        "_opened",
         "_outcome",
         "_reason",
         "_scope",
@@ -234,6 +235,7 @@ class Invocation:
         self._lease_trouble = False  # stopping because the lease is lost or expiring
         self._mode: CancelMode | None = None
         self._unsaid_cancel = False  # an immediate cancel's event waits for its stream to close
+        self._opened = False  # durable, its ids known (see _open): events may be published
         self._reason: str | None = None
         self._cancelled_by: str | None = None
         self._ending = False
@@ -342,10 +344,12 @@ class Invocation:
         mode = stronger_mode(self._mode, mode)
         if mode != self._mode:
             self._mode = mode
-            if mode == "immediate" and self._stream_scopes:
+            if (mode == "immediate" and self._stream_scopes) or not self._opened:
                 # The model's stream is closed first: its event is published once the stream's
                 # connection is closed (``_track_stream``), so that nothing runs before that
-                # but the cancel itself (no event, no reader woken).
+                # but the cancel itself (no event, no reader woken).  Before the invocation
+                # is durable (a request the watcher found as a resume takes the lease, a
+                # cancel by id racing a start) its ids are not known yet: said once it is.
                 self._unsaid_cancel = True
             else:
                 self._say_cancel()
@@ -616,6 +620,9 @@ class Invocation:
                 self._apply_cancel("immediate", request.reason, None, request.requested_by)
         assert rec.lease is not None
         self._set_lease_deadline(lease_deadline(rec.lease, sent_at, env.lease_ttl))
+        self._opened = True
+        if self._unsaid_cancel and not self._stream_scopes:  # a cancel came as it opened
+            self._say_cancel()
 
     async def _prepare(self) -> None:
         """Before the agent runs: the start hook, and the session's conversation so far."""
