@@ -213,3 +213,25 @@ async def test_session_entries_keep_their_exchange_in_every_store(case: StoreCas
     async with case.twin() as other:
         [stored] = (await other.get_session("s9")).entries
     assert stored.exchange == entry.exchange
+
+
+async def test_a_completed_turns_tool_calls_reach_the_next_turn(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """A turn that completed keeps its tool calls in the conversation too: the next turn's
+    request holds the call, its result, then the final answer."""
+    deploys = Deploys()
+    agent = deploys.agent()
+    async with Runner(store=MemoryStore()) as runner:
+        first = await runner.run(agent, "deploy api", session_id="s1")
+        assert first.status == "completed"
+        await runner.run(agent, "what is the status?", session_id="s1")
+    messages = list(agent.model.requests[-1].messages)  # type: ignore[attr-defined]
+    assert_paired(messages, "completed")
+    assert [m.kind for m in messages] == ["user", "assistant", "tool_results", "assistant", "user"]
+    results = messages[2]
+    assert isinstance(results, ToolResultMessage)
+    assert results.results[0].content == "deployed api"
+    answer = messages[3]
+    assert isinstance(answer, AssistantMessage)
+    assert answer.text == "ok"

@@ -18,7 +18,7 @@ opening answers whatever is left.  After every scenario:
   loop's record is not running and holds no lease;
 * the session holds one user entry per turn and the answer of every turn;
 * every model request pairs each tool call with a result, and every tool result journaled in
-  a turn that did not complete is in every later turn's requests;
+  a turn is in every later turn's requests;
 * no task of a loop or of its turns is left;
 * a fresh process reading the loop's events, from the start and from cursors it was handed,
   reads each turn once: ids strictly increasing, at most one ending per run, the same tail
@@ -247,12 +247,11 @@ def check_conversation(
     claims: Sequence[LoopTurnStarted],
     inputs: dict[str, str],
     journals: dict[str, list[Event]],
-    interrupted: set[str],
     where: str,
 ) -> None:
     """Every request pairs each tool call with a result, and every tool result journaled in
-    a turn that did not complete is in every later turn's requests (the model is never left
-    to redo what a cut-off turn did)."""
+    a turn is in every later turn's requests (the model is never left to redo what a turn,
+    cut off or not, did)."""
     for request in requests:
         messages = list(request.messages)
         for i, message in enumerate(messages):
@@ -265,8 +264,6 @@ def check_conversation(
         users = [m for m in request.messages if isinstance(m, UserMessage)]
         by_input.setdefault(users[-1].text, []).append(request)
     for k, claim in enumerate(claims):
-        if claim.turn_id not in interrupted:
-            continue
         done = [
             e.result.content for e in journals[claim.turn_id] if isinstance(e, ToolCallFinished)
         ]
@@ -313,11 +310,9 @@ async def check(
     assert len(users) == len(claims), where
     answered = {e.invocation_id for e in session.entries if e.author == "bot"}
     assert answered == {c.turn_id for c in claims}, where
-    latest = {e.invocation_id: e for e in session.entries if e.author == "bot"}
-    interrupted = {i for i, e in latest.items() if i is not None and e.interrupted}
     inputs = {c.turn_id: (await store.get_invocation(c.turn_id)).input for c in claims}
     journals = {c.turn_id: await store.load_events(c.turn_id) for c in claims}
-    check_conversation(requests, claims, inputs, journals, interrupted, where)
+    check_conversation(requests, claims, inputs, journals, where)
     assert not [n for n in live_task_names() if n.startswith(("turn loop", "invocation"))], where
 
 

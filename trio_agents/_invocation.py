@@ -705,10 +705,10 @@ class Invocation:
             if note:
                 said = f"{reason}; {note}" if reason else note
             exchange: tuple[Message, ...] = ()
-            if status != "completed" and self._noted:
+            if self._noted:
                 # The tools it called, each with its result or a note that it was cut off:
-                # the next turn must not do again what this one did (before=closing: the
-                # gate ends the cancel makes).
+                # the next turn knows what this one did, and does not do it again (for a
+                # run that did not complete, with the gate ends its cancel makes).
                 noted = [*self._noted, *self._closing_events(closing)]
                 exchange = exchange_of(noted, reason or status)
             entry = SessionEntry(
