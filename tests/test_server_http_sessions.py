@@ -84,3 +84,34 @@ async def test_session_cancel_and_a_busy_delete() -> None:
             assert idle.status_code == 409
             assert error_of(idle)["code"] == "not_running"
             assert (await alice.delete(f"{base}/s1")).status_code == 204
+
+
+async def test_a_sessions_answers_carry_their_tool_calls() -> None:
+    """``GET`` of a session shows each answer's tool calls with their results
+    (``exchange``), as the next turn's model sees them."""
+
+    @ta.tool
+    async def lookup(city: str) -> str:
+        """Look a city up."""
+        return f"{city}: sunny"
+
+    model = ScriptedModel([ScriptedTurn.call("lookup", '{"city": "Paris"}'), "Sunny."])
+    with trio.fail_after(30):
+        async with (
+            ta.Runner() as runner,
+            open_server(
+                [ta.Agent(name="helper", model=model, tools=[lookup])], runner=runner
+            ) as url,
+            open_client(url) as alice,
+        ):
+            run = await alice.post(
+                "/run",
+                json={"app_name": "helper", "session_id": "s1", "input": "weather in Paris?"},
+            )
+            assert run.json()["status"] == "completed", run.text
+            one = (await alice.get("/apps/helper/users/alice/sessions/s1")).json()
+    answer = one["events"][-1]
+    assert answer["content"] == {"role": "model", "parts": [{"text": "Sunny."}]}
+    calls, results = answer["exchange"]
+    assert [c["name"] for c in calls["tool_calls"]] == ["lookup"]
+    assert results["results"][0]["content"] == "Paris: sunny"

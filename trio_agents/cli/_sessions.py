@@ -40,6 +40,7 @@ def _entry_json(entry: SessionEntry) -> dict[str, Any]:
         "state_delta": dict(entry.state_delta),
         "status": entry.status,
         "interrupted": entry.interrupted,
+        "exchange": [encode_message(m) for m in entry.exchange],
         "reason": entry.reason,
     }
 

@@ -14,7 +14,8 @@ A session answer is ADK's ``Session`` (``id``, ``appName``, ``userId``, ``state`
 ``events``, ``lastUpdateTime``) plus ``lastSeq``; each event is one stored entry: ADK's
 ``id``, ``author``, ``invocationId``, ``timestamp``, ``content`` (text parts; ``null`` for
 a tool-results entry) and ``actions.stateDelta``, with our ``seq``, ``message`` (the full
-message), ``status``, ``interrupted`` and ``reason``.
+message), ``status``, ``interrupted``, ``reason`` and ``exchange`` (an answer's tool calls,
+each followed by its results: what the next turn's model sees before the answer).
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ def entry_json(entry: SessionEntry) -> dict[str, Any]:
         "status": entry.status,
         "interrupted": entry.interrupted,
         "reason": entry.reason,
+        # The tool calls the answer made before it, each with its result (SessionEntry).
+        "exchange": [encode_message(m) for m in entry.exchange],
     }
 
 
