@@ -8,11 +8,12 @@ moved past the dead leases by hand.  The subprocess kill tests are in tests/test
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 
 import pytest
 import trio
 
-from trio_agents import Agent, Runner, ToolContext, UsageError, tool
+from trio_agents import Agent, LeaseError, Runner, ToolContext, UsageError, tool
 from trio_agents.events import (
     Event,
     InvocationEnded,
@@ -298,3 +299,49 @@ async def test_recover_must_be_a_known_mode() -> None:
     for bad in ({"recover": "yes"}, {"recover_interval": 0}):
         with pytest.raises(UsageError, match="recover"):
             Runner(**bad)
+
+
+class Untakeable:
+    """A store whose orphans cannot be taken (every takeover loses the race), counting the
+    looks for orphans."""
+
+    def __init__(self, inner: MemoryStore) -> None:
+        self._inner = inner
+        self.looks = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def orphans(self, *args: Any, **kwargs: Any) -> Any:
+        self.looks += 1
+        assert self.looks < 100, "the recovery looks again and again without a pause"
+        return await self._inner.orphans(*args, **kwargs)
+
+    async def acquire_lease(self, invocation_id: str, **kwargs: Any) -> Any:
+        await trio.lowlevel.checkpoint()
+        raise LeaseError(f"{invocation_id} was taken by another runner")
+
+
+async def test_orphans_that_cannot_be_taken_wait_for_the_next_sweep(
+    autojump_clock: trio.abc.Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full page of orphans none of which can be taken now is looked at again at the next
+    sweep, not at once in a loop."""
+    monkeypatch.setattr("trio_agents._recovery.PAGE", 2)
+    effects = Effects()
+    agent = ops_agent(effects, slow=1000)
+    inner = MemoryStore(clock=lambda: 1_700_000_000 + trio.current_time())
+
+    async def begin(runner: Runner) -> None:
+        for i in range(2):
+            await runner.start(agent, "ship it", invocation_id=f"u{i}")
+
+    async def both_started() -> bool:
+        return len(effects.started) == 2
+
+    await run_then_crash(inner, begin, both_started, lease_ttl=6)
+    await trio.sleep(10)  # their leases lapse
+    store = Untakeable(inner)
+    async with Runner(store=store, agents=[agent], recover="resume", recover_interval=1):
+        await trio.sleep(10)
+    assert 5 <= store.looks <= 12, store.looks

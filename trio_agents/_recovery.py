@@ -111,15 +111,16 @@ async def recover_orphans(
                 found = await store.orphans(agents, limit=PAGE)
             except StoreError as exc:
                 logger.warning("could not look for orphaned invocations: %s", exc)
+        taken: list[str] = []
         if found:
             limiter = trio.CapacityLimiter(AT_ONCE)
             async with trio.open_nursery() as nursery:
                 for record in found:
-                    nursery.start_soon(_recover_one, host, store, mode, record, limiter)
-        if len(found) < PAGE:
-            await trio.sleep(interval)
-        else:
+                    nursery.start_soon(_recover_one, host, store, mode, record, limiter, taken)
+        if len(found) == PAGE and taken:  # a full page, and progress: read the next at once
             await trio.lowlevel.checkpoint()
+        else:  # (a page of orphans none of which can be taken now waits for the next sweep)
+            await trio.sleep(interval)
 
 
 async def _recover_one(
@@ -128,6 +129,7 @@ async def _recover_one(
     mode: Literal["resume", "fail"],
     record: InvocationRecord,
     limiter: trio.CapacityLimiter,
+    taken: list[str],
 ) -> None:
     if host.is_active(record.id):  # ours, still ending (its lease lapsed as it stopped)
         return
@@ -139,17 +141,19 @@ async def _recover_one(
             if record.id.startswith(LOOP_PREFIX):
                 if mode == "resume":
                     host._recover_loop(record, agent)
-                else:
-                    await host._fail_orphan(record)
+                elif await host._fail_orphan(record):
+                    taken.append(record.id)
                 return
             if mode == "resume" and await _turn_of_running_loop(store, record):
                 return  # its loop's recovery (or its live loop) resumes it
             if mode == "resume":
                 await host._take_over(record, agent)
+                taken.append(record.id)
                 logger.info(
                     "took over invocation %s from %s (its lease lapsed)", record.id, record.owner
                 )
             elif await host._fail_orphan(record):
+                taken.append(record.id)
                 logger.info(
                     "ended orphaned invocation %s failed (owner %s)", record.id, record.owner
                 )
