@@ -3,27 +3,40 @@
 The server - ``create_app(ui=True)`` on Hypercorn, its runner, and the fake OpenAI server its
 agent streams from - runs in a thread of its own with its own ``trio.run``; the tests are
 plain functions that drive the page and ask that thread what the fake model server saw.
-Nothing sleeps: every wait is on a page condition (Playwright's ``expect``) or on the fake
-server's records.  A screenshot of each state goes to ``.artifacts/ui/``.
+The tests of a server that goes away run the real ``trio-agents serve`` (on a SQLite file) in
+a process of their own, SIGKILL it and start it again on the same port, with the same fake
+model server.  Nothing sleeps: every wait is on a page condition (Playwright's ``expect``),
+on the fake server's records, or on a server's answer.  A screenshot of each state goes to
+``.artifacts/ui/``.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import queue
+import re
+import signal
+import subprocess
+import sys
 import threading
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar, cast
+from urllib.parse import urlsplit
 
 import attrs
+import httpx2
 import pytest
 import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
 from hypercorn.typing import ASGIFramework
-from playwright.sync_api import Browser, Page, Request, expect, sync_playwright
+from playwright.sync_api import Browser, Page, Request, Route, expect, sync_playwright
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
@@ -33,7 +46,7 @@ from trio_agents.models import OpenAIChat
 from trio_agents.server import create_app, serve
 from trio_agents.testing import FakeServer, ResponsePlan, open_fake_openai_server, openai_stream
 
-from ._server import ALICE, TOKENS
+from ._server import ALICE, TOKENS, auth
 
 T = TypeVar("T")
 
@@ -50,12 +63,17 @@ def _last_user_text(body: Any) -> str:
     return str(texts[-1]) if texts else ""
 
 
+RECOVER_REQUESTS: Counter[str] = Counter()
+TAKEN_OVER_ANSWER = [f"r{i} " for i in range(20)]
+
+
 def respond(body: Any) -> ResponsePlan:
     """What the fake model answers, by the user's last message.
 
     ``story``: 400 words, one every 50 ms (long enough to stop mid-answer).  ``weather``: a
     ``lookup`` call, then 40 words 40 ms apart (long enough to reload mid-answer).
     ``deploy X``: a ``deploy`` call (which needs approval), then the tool's result as text.
+    ``recover N ...``: N words, 50 ms apart, the first time; ``r0 ... r19`` after that.
     """
     question = _last_user_text(body)
     after_tool = body["messages"][-1]["role"] == "tool"
@@ -66,6 +84,14 @@ def respond(body: Any) -> ResponsePlan:
             return openai_stream([f"w{i} " for i in range(40)], delay=0.04)
         call = ToolCall(id="call_lookup", name="lookup", arguments='{"city": "Paris"}')
         return openai_stream(tool_calls=[call])
+    if question.startswith("recover"):
+        # "recover N ...": the first request streams N words, 50 ms apart (long enough to cut
+        # the connection mid-answer); a later one - the run that took over - answers at once.
+        RECOVER_REQUESTS[question] += 1
+        if RECOVER_REQUESTS[question] == 1:
+            words = int(question.split()[1].rstrip(":"))
+            return openai_stream([f"w{i} " for i in range(words)], delay=0.05)
+        return openai_stream(TAKEN_OVER_ANSWER, delay=0.01)
     if question.startswith("deploy"):
         if after_tool:
             return openai_stream(f"Result: {body['messages'][-1]['content']}")
@@ -224,7 +250,7 @@ def shot(page: Page, name: str) -> None:
     page.screenshot(path=str(SHOTS / f"{name}.png"))
 
 
-def connect(page: Page, url: str) -> None:
+def connect(page: Page, url: str, app: str = "assistant") -> None:
     """Open the page and sign in as alice (the token is kept in localStorage)."""
     page.goto(f"{url}/ui/")
     expect(page.locator("#mode")).to_have_text("not connected")
@@ -232,7 +258,7 @@ def connect(page: Page, url: str) -> None:
     page.fill("#token", ALICE)
     page.click("#auth button[type=submit]")
     expect(page.locator("#mode")).to_have_text("token")
-    expect(page.locator("#app")).to_have_value("assistant")
+    expect(page.locator("#app")).to_have_value(app)
 
 
 def send(page: Page, text: str) -> None:
@@ -409,3 +435,229 @@ def test_insecure_dev_needs_no_token(served: Served, page: Page) -> None:
     expect(page.locator(".session.active")).to_have_count(1)
     assert page.locator("#token").input_value() == ""
     shot(page, "11-insecure-dev")
+
+
+# ==== the server goes away =======================================================================
+
+ROOT = Path(__file__).resolve().parent.parent
+LEASE_TTL = 2  # seconds: how soon the restarted server takes over the dead one's run
+
+
+@attrs.define
+class ServeProcess:
+    """``trio-agents serve`` in a process of its own (``tests.server_agents:agent``, "talker")."""
+
+    url: str
+    process: subprocess.Popen[bytes]
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+
+@contextmanager
+def serve_process(store: str, model_url: str, port: int = 0) -> Iterator[ServeProcess]:
+    """Start the real command on ``store`` and ``port`` (0: a free one); yield once it said
+    where it serves.  Leaving kills it if the test did not."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "TRIO_AGENTS_TOKENS": ",".join(f"{t}={u}" for t, u in TOKENS.items()),
+        "TRIO_AGENTS_TEST_MODEL_URL": model_url,
+    }
+    argv = [sys.executable, "-m", "trio_agents.cli", "serve", "tests.server_agents:agent"]
+    argv += ["--store", store, "--port", str(port), "--lease-ttl", str(LEASE_TTL)]
+    process = subprocess.Popen(
+        argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    lines: queue.Queue[bytes] = queue.Queue()
+
+    def drain() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.put(line)
+        lines.put(b"")
+
+    threading.Thread(target=drain, daemon=True).start()
+    try:
+        said = b""
+        while (found := re.search(rb"serving talker at (http://\S+)", said)) is None:
+            line = lines.get(timeout=30)
+            assert line, f"the server exited before serving: {said!r}"
+            said += line
+        yield ServeProcess(url=found.group(1).decode(), process=process)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
+        assert process.stdout is not None
+        process.stdout.close()
+
+
+# When the page asks for /events, in seconds on its own clock (Playwright's request events
+# reach the test late, and without times for requests that failed).
+TIME_EVENTS_FETCHES = """
+window.eventsFetched = [];
+window.addEventListener("online", () => { window.onlineAt = performance.now() / 1000; });
+const realFetch = window.fetch;
+window.fetch = (url, ...rest) => {
+  if (String(url).endsWith("/events")) window.eventsFetched.push(performance.now() / 1000);
+  return realFetch(url, ...rest);
+};
+"""
+
+
+def visible_text(page: Page) -> str:
+    return page.locator("body").inner_text()
+
+
+def assert_no_raw_error(page: Page) -> None:
+    text = visible_text(page)
+    for raw in ("TypeError", "Failed to fetch", "network error"):
+        assert raw not in text, text
+
+
+def last_event_id(page: Page) -> str:
+    """The id of the last event the page has seen (its snapshot in sessionStorage)."""
+    seen: str = page.evaluate("JSON.parse(sessionStorage.getItem('ta.current')).lastId")
+    return seen
+
+
+def test_the_page_rides_out_a_server_killed_and_restarted(
+    served: Served, page: Page, tmp_path: Path
+) -> None:
+    """SIGKILL ``trio-agents serve`` (SQLite) mid-answer: the page says the connection is lost
+    and counts down to its next attempt (no raw JavaScript error), Stop waits, and its attempts
+    back off.  Restarted on the same port and store, the server takes the run over once the
+    dead lease lapses; the page reattaches from the last event it saw and shows the run going
+    on ("taken over from ... by ...") to its ending: every event once, the answer once."""
+    store = f"sqlite:///{tmp_path / 'agents.db'}"
+    follows: list[Request] = []
+    page.on("request", lambda r: follows.append(r) if r.url.endswith("/events") else None)
+    page.add_init_script(TIME_EVENTS_FETCHES)
+    with serve_process(store, served.fake.base_url) as first:
+        connect(page, first.url, app="talker")
+        send(page, "recover 300: talk on")
+        expect(answer(page)).to_contain_text("w0 w1 w2 w3 ")
+        first.kill()
+        bar = page.locator("#link")
+        expect(bar).to_contain_text("Connection lost. The server cannot be reached.")
+        expect(bar).to_contain_text(re.compile(r"Reconnecting in \d+ s \(attempt \d+\)"))
+        expect(page.locator("#stop")).to_be_disabled()
+        expect(page.locator("#chat-status")).to_have_class(re.compile(r"\bstale\b"))
+        expect(page.locator("#mode")).to_have_text("reconnecting")
+        expect(bar).to_contain_text(re.compile(r"\(attempt [4-9]\)"))  # three attempts failed
+        assert_no_raw_error(page)
+        shot(page, "12-connection-lost")
+        seen = last_event_id(page)
+        assert "." in seen  # inside the streamed text
+    with serve_process(store, served.fake.base_url, port=urlsplit(first.url).port or 0):
+        rounds: list[float] = page.evaluate("window.eventsFetched")
+        # Retry now (if the page is still waiting for its next round: no need to wait here).
+        page.evaluate("document.querySelector('#link button')?.click()")
+        expect(page.locator(".divider.labelled")).to_contain_text(
+            re.compile(r"taken over from \S+ by \S+")
+        )
+        expect(page.locator(".outcome")).to_have_attribute("data-status", "completed")
+        expect(bar).to_be_hidden()
+        expect(page.locator("#mode")).to_have_text("token")
+        expect(answer(page)).to_have_text("".join(TAKEN_OVER_ANSWER))
+        shot(page, "13-taken-over")
+    assert page.locator("#messages").inner_text().count("r0 r1 r2") == 1
+    assert_no_raw_error(page)
+    assert page.locator(".bubble.interrupted").count() == 1  # the dead process's answer
+    assert_each_event_once(row_ids(page))
+    kinds = page.locator("#events .row").evaluate_all("rs => rs.map(r => r.dataset.kind)")
+    assert kinds.count("started") == 2
+    assert kinds[-1] == "ended"
+    # Every attempt after the kill reattached from the last event seen: at once, then in
+    # rounds 0.5 s doubling apart, each drawn in [half, all] of that: [0.25, 0.5], [0.5, 1], ...
+    assert {r.headers.get("last-event-id") for r in follows} == {seen}, seen
+    gaps = [b - a for a, b in itertools.pairwise(rounds)]
+    assert len(gaps) >= 2, gaps
+    for k, gap in enumerate(gaps):
+        assert 0.25 * 2**k - 0.05 <= gap <= 0.5 * 2**k + 0.3, gaps
+
+
+def follow_to_end(url: str, invocation_id: str) -> str:
+    """Follow an invocation's events from the start until its terminal frame; the SSE body."""
+    with (
+        httpx2.Client(base_url=url, headers=auth(ALICE), timeout=30) as http,
+        http.stream("GET", f"/invocations/{invocation_id}/events") as followed,
+    ):
+        return "".join(followed.iter_text())
+
+
+def current_id(page: Page) -> str:
+    shown: str = page.evaluate("JSON.parse(sessionStorage.getItem('ta.current')).id")
+    return shown
+
+
+def test_a_run_that_ends_while_the_page_is_away(served: Served, page: Page, tmp_path: Path) -> None:
+    """The server is SIGKILLed mid-answer and the browser then goes offline; the restarted
+    server takes the run over and it ends while the page cannot see it.  Back online, the
+    page tries again at once (not at its next round), reattaches from the last event it saw,
+    and shows the rest of the run and its ending: every event once, the answer once."""
+    store = f"sqlite:///{tmp_path / 'agents.db'}"
+    page.add_init_script(TIME_EVENTS_FETCHES)
+    with serve_process(store, served.fake.base_url) as first:
+        connect(page, first.url, app="talker")
+        send(page, "recover 300: then go away")
+        expect(answer(page)).to_contain_text("w0 w1 w2 ")
+        first.kill()
+        expect(page.locator("#link")).to_contain_text("Connection lost")
+        page.context.set_offline(True)
+    with serve_process(store, served.fake.base_url, port=urlsplit(first.url).port or 0) as again:
+        ended = follow_to_end(again.url, current_id(page))
+        assert "event: ended" in ended
+        assert '"status":"completed"' in ended
+        expect(page.locator(".outcome")).to_have_count(0)
+        expect(page.locator("#link")).to_be_visible()
+        page.context.set_offline(False)
+        expect(page.locator(".outcome")).to_have_attribute("data-status", "completed")
+        expect(page.locator("#link")).to_be_hidden()
+    # It did not wait for its next round (seconds away by then): back online, it tried at once.
+    online_at: float = page.evaluate("window.onlineAt")
+    fetched: list[float] = page.evaluate("window.eventsFetched")
+    assert min(t for t in fetched if t >= online_at) - online_at < 0.3, (online_at, fetched)
+    expect(answer(page)).to_have_text("".join(TAKEN_OVER_ANSWER))
+    expect(page.locator(".divider.labelled")).to_contain_text("taken over from")
+    assert page.locator("#messages").inner_text().count("r0 r1 r2") == 1
+    assert_each_event_once(row_ids(page))
+    assert_no_raw_error(page)
+
+
+def test_a_204_shows_the_stored_ending(served: Served, page: Page) -> None:
+    """A reattach the server answers 204 (the invocation ended; nothing after the cursor): the
+    page reads the invocation's status and shows its ending.  The page's own cursor is the
+    newest event only once it saw the ending, so here its reattach is cut off (the page is
+    reloaded mid-answer while its /events requests fail), the run ends, and the cursor is
+    set to the invocation's newest event on the way, as if every frame had come."""
+    connect(page, served.url)
+    send(page, "recover 30: then 204")
+    expect(answer(page)).to_contain_text("w0 w1 ")
+    page.route("**/events", lambda route: route.abort())
+    page.reload()
+    expect(page.locator("#link")).to_contain_text("Connection lost")
+    invocation_id = current_id(page)
+    assert "event: ended" in follow_to_end(served.url, invocation_id)
+    with httpx2.Client(base_url=served.url, headers=auth(ALICE)) as http:
+        head = http.get(f"/invocations/{invocation_id}").json()["last_event_id"]
+    answered: list[int] = []
+
+    def at_head(route: Route) -> None:
+        response = route.fetch(headers={**route.request.headers, "last-event-id": head})
+        answered.append(response.status)
+        route.fulfill(response=response)
+
+    # Routes added later come first: the page's next round reattaches through this one.  (An
+    # unroute would let a request the first route holds through to the server unchanged.)
+    page.route("**/events", at_head)
+    outcome = page.locator(".outcome")
+    expect(outcome).to_have_attribute("data-status", "completed")
+    assert answered == [204]
+    expect(page.locator("#link")).to_be_hidden()
+    expect(page.locator("#chat-status")).to_have_text("completed")
+    expect(page.locator("#send")).to_be_visible()
+    expect(page.locator('#events .row[data-kind="ended"]')).to_have_count(1)
+    assert_no_raw_error(page)

@@ -10,6 +10,13 @@
 // the page draws that log again and follows on with Last-Event-ID = that id, so nothing is
 // lost or shown twice.  EventSource cannot send a bearer token, so streams are read with
 // fetch() and parsed here.
+//
+// The server may go away (killed, restarted, a network cut) while the page is open.  The page
+// then says so ("connection lost", with the next attempt's countdown), disables what needs the
+// server (Send, Stop, approvals, Resume) and tries again with exponential backoff (0.5 s
+// doubling to 10 s, with jitter; any answer from the server resets it).  The stream reattaches
+// with Last-Event-ID = the last id seen: a run that another process took over (or that ended
+// meanwhile) goes on on the page from there.  See "the connection" below.
 "use strict";
 
 // The API root: this page is served at <root>/ui/, whatever prefix <root> has.
@@ -24,6 +31,8 @@ const ui = {
   mode: "", // "token" | "dev" | "" (not connected)
   cur: null, // the current invocation (see newInvocation)
   follower: null, // AbortController of the stream being read
+  connects: 0, // connect() calls, so that only the last one draws
+  loads: 0, // loadSessions() calls, likewise
   blocks: new Map(), // chat blocks of the current invocation, by key
 };
 
@@ -73,6 +82,19 @@ class ApiError extends Error {
   }
 }
 
+// A request that got no answer, or an answer cut off: the server cannot be reached (fetch()
+// says only "TypeError: Failed to fetch", which is no message for a person).
+class Unreachable extends Error {
+  constructor() {
+    super("the server cannot be reached");
+    this.name = "Unreachable";
+  }
+}
+
+// Worth trying again later: no answer, or the server (or a proxy in front of it) failing.
+const retryable = (err) => err instanceof Unreachable || (err instanceof ApiError && err.status >= 500);
+const aborted = () => new DOMException("aborted", "AbortError");
+
 function headers(extra) {
   const out = { ...extra };
   if (token()) out.Authorization = `Bearer ${token()}`;
@@ -82,12 +104,18 @@ function headers(extra) {
 async function request(method, path, { body, signal, lastEventId } = {}) {
   const hs = headers(body === undefined ? {} : { "Content-Type": "application/json" });
   if (lastEventId) hs["Last-Event-ID"] = lastEventId;
-  const response = await fetch(new URL(path, ROOT), {
-    method,
-    headers: hs,
-    body: body === undefined ? undefined : JSON.stringify(body),
-    signal,
-  });
+  let response;
+  try {
+    response = await fetch(new URL(path, ROOT), {
+      method,
+      headers: hs,
+      body: body === undefined ? undefined : JSON.stringify(body),
+      signal,
+    });
+  } catch (err) {
+    throw err.name === "AbortError" ? err : new Unreachable();
+  }
+  if (response.status < 500) linkUp(); // it answers: whatever waits for it may try again
   if (!response.ok) {
     let err = { status: response.status, code: "http_error", message: response.statusText };
     try { err = (await response.json()).error || err; } catch { /* not our JSON body */ }
@@ -111,7 +139,13 @@ async function readFrames(response, onFrame) {
   let buf = "";
   let frame = { id: null, event: "message", data: [] };
   for (;;) {
-    const { value, done } = await reader.read();
+    let chunk;
+    try {
+      chunk = await reader.read();
+    } catch (err) {
+      throw err.name === "AbortError" ? err : new Unreachable(); // cut off mid-stream
+    }
+    const { value, done } = chunk;
     if (done) return;
     buf += value;
     for (;;) {
@@ -142,9 +176,215 @@ function say(message, kind = "error") {
     h("button", { class: "link", text: "dismiss", onclick: () => { banner.hidden = true; } }),
   );
   banner.className = `banner ${kind}`;
+  delete banner.dataset.unreachable;
   banner.hidden = false;
 }
-const sayError = (err) => say(err instanceof ApiError ? `${err.code}: ${err.message}` : String(err));
+
+// What went wrong, for a person.  A request that got no answer says so (and the connection
+// bar tells when the page tries again); it is not tried again by itself: it acted.
+function describe(err) {
+  if (err instanceof Unreachable) return "No answer: the server cannot be reached. Try again once it is back.";
+  return err instanceof ApiError ? `${err.code}: ${err.message}` : String(err);
+}
+function sayError(err) {
+  say(describe(err));
+  if (err instanceof Unreachable) {
+    $("banner").dataset.unreachable = "1"; // gone once the server answers
+    linkLost(err);
+  }
+}
+
+// ---- the connection ------------------------------------------------------------------------
+//
+// One state for the whole page: up, or down since a request got no answer (or a 5xx).  While
+// it is down the bar above the conversation says so and counts down to the next attempt; the
+// buttons that need the server (class "needs-server") are disabled; the run's status shows as
+// last known.  Attempts come in rounds, 0.5 s doubling to 10 s apart, each delay drawn between
+// half and all of that (jitter: many pages reconnecting to one restarted server do not come
+// back in step).  In each round every request waiting to be tried again (the event stream,
+// the session list, a status) is tried; with none waiting, a GET /list-apps probes.  The first
+// answer below 500 from anything brings the page back up, resets the delay and wakes every
+// waiting request at once.  "Retry now" (and the browser coming back online) starts the next
+// round at once.
+
+const BACKOFF_MS = 500;
+const BACKOFF_CAP_MS = 10_000;
+const link = {
+  down: false,
+  why: null, // the error that took it down (Unreachable, or an ApiError >= 500)
+  attempt: 0, // rounds since it went down
+  at: 0, // when the next round starts (Date.now() ms), while one is scheduled
+  timer: 0,
+  ticker: 0,
+  waiting: [], // resolvers of requests waiting for the next round
+};
+
+function backoff(attempt) {
+  const cap = Math.min(BACKOFF_CAP_MS, BACKOFF_MS * 2 ** attempt);
+  return cap / 2 + Math.random() * (cap / 2);
+}
+
+// A request failed for want of the server: down (if it was up), and the next round scheduled
+// (unless one is already).
+function linkLost(err) {
+  link.why = err;
+  if (!link.down) {
+    link.down = true;
+    link.attempt = 0;
+  }
+  if (!link.timer) {
+    const wait = backoff(link.attempt);
+    link.attempt += 1;
+    link.at = Date.now() + wait;
+    link.timer = setTimeout(nextRound, wait);
+  }
+  drawLink();
+}
+
+function nextRound() {
+  clearTimeout(link.timer);
+  link.timer = 0;
+  const waiting = link.waiting.splice(0);
+  if (waiting.length) for (const wake of waiting) wake(true);
+  else probe();
+  drawLink();
+}
+
+async function probe() {
+  try {
+    await request("GET", "list-apps");
+  } catch (err) {
+    if (retryable(err)) linkLost(err); // any other answer (a 401) brought it up already
+  }
+}
+
+function linkUp() {
+  if (!link.down) return;
+  link.down = false;
+  link.why = null;
+  link.attempt = 0;
+  clearTimeout(link.timer);
+  link.timer = 0;
+  for (const wake of link.waiting.splice(0)) wake(true);
+  if ($("banner").dataset.unreachable) $("banner").hidden = true;
+  drawLink();
+}
+
+function retryNow() {
+  if (link.down && link.timer) nextRound();
+}
+
+// Wait for the next round (true), or until `signal` aborts (false).
+function nextAttempt(signal) {
+  return new Promise((resolve) => {
+    if (signal?.aborted) return resolve(false);
+    if (!link.down) return resolve(true); // something else got an answer meanwhile
+    const onAbort = () => {
+      link.waiting = link.waiting.filter((w) => w !== wake);
+      resolve(false);
+    };
+    const wake = (ok) => {
+      signal?.removeEventListener("abort", onAbort);
+      resolve(ok);
+    };
+    signal?.addEventListener("abort", onAbort, { once: true });
+    link.waiting.push(wake);
+  });
+}
+
+// fn(), tried again in every round while the server cannot answer it; other errors (and an
+// abort of `signal`) are thrown.
+async function retrying(fn, signal) {
+  for (;;) {
+    try {
+      return await fn();
+    } catch (err) {
+      if (!retryable(err) || signal?.aborted) throw err;
+      linkLost(err);
+      if (!(await nextAttempt(signal))) throw aborted();
+    }
+  }
+}
+const read = (path, signal) => retrying(() => api("GET", path), signal);
+
+// Enable or disable a button that needs the server; while the server is away it stays
+// disabled, and comes back as it should be once it answers.
+function able(el, enabled) {
+  el.classList.add("needs-server");
+  el.disabled = !enabled || link.down;
+  if (enabled && link.down) markOffline(el);
+  else unmarkOffline(el);
+}
+function markOffline(el) {
+  el.dataset.offline = "1";
+  el.title = "The server cannot be reached: this waits until it is back";
+}
+function unmarkOffline(el) {
+  if (!el.dataset.offline) return;
+  delete el.dataset.offline;
+  el.removeAttribute("title");
+}
+
+function reflectLink() {
+  for (const el of document.querySelectorAll(".needs-server")) {
+    if (link.down && !el.disabled) {
+      el.disabled = true;
+      markOffline(el);
+    } else if (!link.down && el.dataset.offline) {
+      el.disabled = false;
+      unmarkOffline(el);
+    }
+  }
+}
+
+function drawLink() {
+  const bar = $("link");
+  clearInterval(link.ticker);
+  link.ticker = 0;
+  document.body.classList.toggle("offline", link.down);
+  $("chat-status").classList.toggle("stale", link.down);
+  $("chat-status").title = link.down ? "last known: the server cannot be reached" : "";
+  drawMode();
+  reflectLink();
+  if (!link.down) {
+    bar.hidden = true;
+    bar.replaceChildren();
+    return;
+  }
+  const [title, why] = link.why instanceof ApiError
+    ? ["Server error. ", `The server answers ${link.why.status} (${link.why.code}).`]
+    : ["Connection lost. ", "The server cannot be reached."];
+  const next = h("span", { class: "link-next" });
+  const tick = () => {
+    const s = Math.max(1, Math.ceil((link.at - Date.now()) / 1000));
+    const text = link.timer ? `Reconnecting in ${s} s (attempt ${link.attempt + 1})…` : "Reconnecting now…";
+    if (next.textContent !== text) next.textContent = text; // a live region: say changes only
+  };
+  tick();
+  if (link.timer) link.ticker = setInterval(tick, 250);
+  const following = ui.follower && ui.cur && !ui.cur.ended;
+  bar.replaceChildren(
+    h("div", null,
+      h("b", { text: title }), why, " ", next,
+      h("div", { class: "small-text", text: following
+        ? "Once it answers, the page goes on from the last event it saw (a run whose server died goes on when a restarted one takes it over). Stop, Send and approvals wait until then."
+        : "Send, Stop and approvals wait until it answers." }),
+    ),
+    h("button", { class: "link", type: "button", text: "Retry now", onclick: retryNow }),
+  );
+  bar.hidden = false;
+}
+
+function drawMode() {
+  const pill = $("mode");
+  if (link.down) {
+    pill.textContent = "reconnecting";
+    pill.className = "pill off";
+    return;
+  }
+  pill.textContent = { token: "token", dev: "insecure dev", "": "not connected" }[ui.mode];
+  pill.className = `pill ${ui.mode || "off"}`;
+}
 
 // ---- connecting, apps, sessions --------------------------------------------------------------
 
@@ -152,10 +392,15 @@ async function connect() {
   localStorage.setItem("ta.token", token());
   localStorage.setItem("ta.user", user());
   $("banner").hidden = true;
+  const gen = ++ui.connects;
   try {
-    ui.apps = await api("GET", "list-apps");
+    // Tried again until the server answers: a page opened while it restarts connects then.
+    const apps = await read("list-apps");
+    if (gen !== ui.connects) return; // connected again meanwhile
+    ui.apps = apps;
     ui.mode = token() ? "token" : "dev";
   } catch (err) {
+    if (gen !== ui.connects) return;
     ui.apps = [];
     ui.mode = "";
     if (err instanceof ApiError && err.status === 401) {
@@ -166,9 +411,7 @@ async function connect() {
     // Auth.user: a request that names no user (the invocation routes) is "dev" without a token.
     say(`Without a token the server takes stop, approvals and reattach to be user "dev", not "${user()}": they will not find ${user()}'s invocations.`, "info");
   }
-  const pill = $("mode");
-  pill.textContent = { token: "token", dev: "insecure dev", "": "not connected" }[ui.mode];
-  pill.className = `pill ${ui.mode || "off"}`;
+  drawMode();
   if (!ui.apps.includes(ui.app)) ui.app = ui.apps[0] || "";
   $("app").replaceChildren(...ui.apps.map((a) => h("option", { value: a, text: a, selected: a === ui.app })));
   const wanted = new URLSearchParams(location.hash.slice(1)).get("session");
@@ -182,9 +425,11 @@ async function loadSessions(select) {
     return showSession(null);
   }
   let sessions = [];
+  const gen = ++ui.loads;
   try {
-    sessions = await api("GET", sessionsPath());
+    sessions = await read(sessionsPath());
   } catch (err) { sayError(err); }
+  if (gen !== ui.loads) return; // another app (or user) was picked meanwhile
   sessions.sort((a, b) => b.lastUpdateTime - a.lastUpdateTime);
   list.replaceChildren(...sessions.map((s) => h("li", null,
     h("button", {
@@ -231,17 +476,18 @@ async function openSession(id) {
   showSession(id);
   let session;
   try {
-    session = await api("GET", `${sessionsPath()}/${enc(id)}`);
-  } catch (err) { return sayError(err); }
+    session = await read(`${sessionsPath()}/${enc(id)}`);
+  } catch (err) { return ui.session === id && sayError(err); }
   if (ui.session !== id) return;
   const saved = restore();
   let current = saved && saved.app === ui.app && saved.session === id ? saved : null;
   const last = session.events.length ? session.events[session.events.length - 1].invocationId : null;
   if (!current && last) {
     try {
-      const info = await api("GET", invPath(last));
+      const info = await read(invPath(last));
       if (!FINAL.has(info.status)) current = newInvocation(last);
     } catch { /* not ours, or gone: just the history */ }
+    if (ui.session !== id) return;
   }
   renderHistory(session.events.filter((e) => !current || e.invocationId !== current.id));
   if (current) {
@@ -383,8 +629,12 @@ function apply(entry, replaying) {
     case "started":
       inv.run += 1;
       $("inv-id").textContent = d.invocation_id;
-      if (d.resumed) block(`resumed:${d.seq}`, () => h("div", { class: "divider labelled", text: resumedText(d) }));
-      else block("input", () => bubble("user", d.input));
+      if (d.resumed) {
+        // A turn still streaming when its run stopped (its process died) never finished:
+        // the resumed run answers it again, in a block of its own.
+        interruptStreaming();
+        block(`resumed:${d.seq}`, () => h("div", { class: "divider labelled", text: resumedText(d) }));
+      } else block("input", () => bubble("user", d.input));
       setRunning(true);
       break;
     case "turn_finished": {
@@ -427,10 +677,7 @@ function apply(entry, replaying) {
       settleCard(d.approval_id, d.state, d.by ? `by ${d.by}` : "", d.arguments);
       break;
     case "ended":
-      for (const el of document.querySelectorAll(".messages .streaming")) {
-        el.classList.remove("streaming");
-        el.classList.add("interrupted"); // its turn never finished
-      }
+      interruptStreaming();
       if (entry.event === "ended") {
         inv.ended = d;
         setStatus(d.status);
@@ -445,7 +692,15 @@ function apply(entry, replaying) {
     default:
       break;
   }
+  if (link.down) reflectLink(); // a card drawn while the server is away: its buttons wait
   scrollDown();
+}
+
+function interruptStreaming() {
+  for (const el of document.querySelectorAll(".messages .streaming")) {
+    el.classList.remove("streaming");
+    el.classList.add("interrupted"); // its turn never finished
+  }
 }
 
 // ---- the timeline --------------------------------------------------------------------------
@@ -516,8 +771,9 @@ function approvalCard(d) {
       const answer = await api("POST", `${invPath(inv.id)}/approvals/${enc(d.approval_id)}`, body);
       settleCard(d.approval_id, answer.state, answer.recorded ? "" : "decided before");
     } catch (err) {
-      error.textContent = err instanceof ApiError ? `${err.code}: ${err.message}` : String(err);
+      error.textContent = describe(err);
       error.hidden = false;
+      if (err instanceof Unreachable) linkLost(err);
     } finally { card.classList.remove("busy"); }
   };
   const card = block(`approval:${d.approval_id}`, () => h("div", { class: "card approval open", dataset: { approvalId: d.approval_id } },
@@ -528,8 +784,8 @@ function approvalCard(d) {
     h("pre", { class: "final-args mono" }),
     error,
     h("div", { class: "card-actions" },
-      h("button", { class: "primary approve", type: "button", text: "Approve", onclick: () => decide(true) }),
-      h("button", { class: "ghost deny", type: "button", text: "Deny", onclick: () => decide(false) }),
+      h("button", { class: "primary approve needs-server", type: "button", text: "Approve", onclick: () => decide(true) }),
+      h("button", { class: "ghost deny needs-server", type: "button", text: "Deny", onclick: () => decide(false) }),
       h("span", { class: "card-state muted" }),
     ),
   ));
@@ -540,7 +796,7 @@ function approvalCard(d) {
 async function syncApprovals() {
   const inv = ui.cur;
   try {
-    const listed = await api("GET", `${invPath(inv.id)}/approvals`);
+    const listed = await read(`${invPath(inv.id)}/approvals`);
     if (ui.cur !== inv) return;
     for (const a of listed.approvals) if (a.state !== "open") settleCard(a.approval_id, a.state, a.decided_by ? `by ${a.decided_by}` : "");
   } catch { /* the cards stay as they are */ }
@@ -576,8 +832,8 @@ function outcomeCard(d, last) {
   if (last && d.status !== "completed" && !d.synthesized) {
     const paused = d.status === "paused";
     card.append(h("div", { class: "card-actions" },
-      h("button", { class: "primary resume", type: "button", text: "Resume", onclick: resume }),
-      paused ? h("button", { class: "ghost end", type: "button", text: "Cancel it", onclick: endPaused }) : null,
+      h("button", { class: "primary resume needs-server", type: "button", text: "Resume", onclick: resume }),
+      paused ? h("button", { class: "ghost end needs-server", type: "button", text: "Cancel it", onclick: endPaused }) : null,
       h("span", { class: "muted small-text", text: paused ? "decide above, then resume" : "continue where it stopped" }),
     ));
   }
@@ -589,6 +845,7 @@ function setStatus(status) {
   const badge = $("chat-status");
   badge.hidden = !status;
   badge.className = `badge ${status}`;
+  badge.classList.toggle("stale", link.down);
   badge.textContent = status;
 }
 
@@ -598,11 +855,11 @@ function setRunning(running) {
   $("send").hidden = running;
   const usable = Boolean(ui.mode && ui.app);
   $("message").disabled = running || !usable;
-  $("send").disabled = !usable;
-  $("new-session").disabled = !usable;
+  able($("send"), usable);
+  able($("new-session"), usable);
   $("app").disabled = !ui.apps.length;
   $("message").placeholder = running ? "Waiting for the answer…  (Stop ends it)" : "Message the agent…  (Enter sends, Shift+Enter for a new line)";
-  $("stop").disabled = false;
+  able($("stop"), true);
   $("stop").textContent = "Stop";
 }
 
@@ -615,7 +872,7 @@ async function stop() {
     await api("POST", `${invPath(inv.id)}:cancel`, { mode: $("stop-mode").value, reason: "stopped from the dev UI" });
   } catch (err) {
     sayError(err);
-    $("stop").disabled = false;
+    able($("stop"), true);
     $("stop").textContent = "Stop";
   }
 }
@@ -638,7 +895,7 @@ async function resume() {
   try {
     await api("POST", `${invPath(inv.id)}:resume`, {});
   } catch (err) {
-    for (const b of document.querySelectorAll(".outcome .resume")) b.disabled = false;
+    for (const b of document.querySelectorAll(".outcome .resume")) able(b, true);
     return sayError(err);
   }
   for (const b of document.querySelectorAll(".outcome .card-actions")) b.remove();
@@ -682,54 +939,88 @@ async function send(text) {
   $("events").replaceChildren();
   save();
   const inv = ui.cur;
-  if (!(await stream(response, ctl)) && !ctl.signal.aborted && ui.cur === inv) follow();
+  let done;
+  try {
+    done = await stream(response, ctl);
+  } catch (err) {
+    return sayError(err);
+  }
+  if (!done && !ctl.signal.aborted && ui.cur === inv) follow();
 }
 
-// Follow the current invocation from the last event seen, again after a cut-off.
+// Follow the current invocation from the last event seen.  Cut off (the server went away, or
+// its stream ended before its terminal frame), it tries again from the last event seen in the
+// connection's rounds, so a run that another process took over meanwhile goes on here, with
+// nothing shown twice or missed.  It stops at the ending, or when another follower (or
+// another session) replaces it.
 async function follow() {
   const inv = ui.cur;
   stopFollowing();
   const ctl = (ui.follower = new AbortController());
+  const gone = () => ctl.signal.aborted || ui.cur !== inv;
   setRunning(true);
-  for (let attempt = 0; ; attempt++) {
+  for (;;) {
     try {
       const response = await request("GET", `${invPath(inv.id)}/events`, { signal: ctl.signal, lastEventId: inv.lastId });
-      if (await stream(response, ctl)) return;
+      if (response.status === 204 ? await endedAway(inv, ctl) : await stream(response, ctl)) return;
+      if (gone()) return;
+      if (response.status !== 204) linkLost(new Unreachable()); // cut off before its ending
     } catch (err) {
-      if (err.name === "AbortError") return;
-      if (err instanceof ApiError && err.status < 500) { sayError(err); break; }
+      if (err.name === "AbortError" || gone()) return;
+      if (!retryable(err)) {
+        sayError(err);
+        break;
+      }
+      linkLost(err);
     }
-    if (ctl.signal.aborted || ui.cur !== inv) return;
-    await new Promise((ok) => setTimeout(ok, Math.min(8000, 500 * 2 ** attempt)));
+    if (!(await nextAttempt(ctl.signal)) || gone()) return;
   }
+  if (ui.follower === ctl) ui.follower = null;
   setRunning(false);
 }
 
-// Read one SSE answer into the current invocation; true once its terminal frame came (or
-// the server answered 204: it ended where we were, nothing more will come).
+// Read one SSE answer into the current invocation; true once its terminal frame came.  A cut
+// (or an abort) is false; anything else that goes wrong is thrown.
 async function stream(response, ctl) {
   const inv = ui.cur;
-  let done = response.status === 204;
+  let done = false;
   inv.following = true;
   save();
   try {
-    if (!done) {
-      await readFrames(response, (frame) => {
-        if (ctl.signal.aborted || ui.cur !== inv) return;
-        onFrame(frame);
-        if (frame.event === "ended") done = true;
-      });
-    }
+    await readFrames(response, (frame) => {
+      if (ctl.signal.aborted || ui.cur !== inv) return;
+      onFrame(frame);
+      if (frame.event === "ended") done = true;
+    });
   } catch (err) {
-    if (err.name === "AbortError") return false;
+    if (err.name !== "AbortError" && !(err instanceof Unreachable)) throw err;
   }
-  if (done && ui.cur === inv) {
-    inv.following = false;
-    save();
-    if (ui.follower === ctl) ui.follower = null;
-    loadSessionsQuietly();
-  }
+  if (done && ui.cur === inv) followed(inv, ctl);
   return done;
+}
+
+// The server answered 204: the invocation is not running and nothing came after the last
+// event seen.  Its ending is drawn from its status unless the page has it already.  True once
+// that is done; false if it runs again (resumed meanwhile): follow it on.
+async function endedAway(inv, ctl) {
+  const info = await read(invPath(inv.id), ctl.signal);
+  if (ctl.signal.aborted || ui.cur !== inv) return true;
+  if (info.status === "running") return false;
+  const out = info.outcome;
+  const seq = out && out.event_id ? Number(out.event_id.split(".")[0]) : undefined;
+  if (out && !(inv.ended && inv.ended.seq === seq)) {
+    onFrame({ id: null, event: "ended", data: { ...out, kind: "ended", seq } });
+  }
+  followed(inv, ctl);
+  setRunning(false);
+  return true;
+}
+
+function followed(inv, ctl) {
+  inv.following = false;
+  save();
+  if (ui.follower === ctl) ui.follower = null;
+  loadSessionsQuietly();
 }
 
 async function loadSessionsQuietly() {
@@ -760,7 +1051,7 @@ document.addEventListener("DOMContentLoaded", () => {
   $("composer").addEventListener("submit", (e) => {
     e.preventDefault();
     const text = $("message").value.trim();
-    if (text && ui.app) send(text);
+    if (text && ui.app && !link.down) send(text); // Enter, while Send waits for the server
   });
   $("message").addEventListener("keydown", (e) => {
     if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
@@ -769,5 +1060,6 @@ document.addEventListener("DOMContentLoaded", () => {
     }
   });
   $("stop").addEventListener("click", stop);
+  window.addEventListener("online", retryNow); // the network is back: no need to wait
   connect();
 });
