@@ -42,8 +42,9 @@ class Tx(Protocol):
 
     def run_many(self, sql: str, params: Sequence[Sequence[Any]]) -> None: ...
 
-    def notify(self, invocation_id: str) -> None:
-        """Wake other processes' :meth:`Store.wait_for_requests`, on commit."""
+    def notify(self, owner: str) -> None:
+        """Wake :meth:`Store.wait_for_requests` of ``owner`` (and those waiting for anyone's)
+        in every process, on commit."""
         ...
 
     def notify_events(self, invocation_id: str) -> None:
