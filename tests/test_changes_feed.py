@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Sequence
 from contextlib import AsyncExitStack
 
 import attrs
@@ -22,14 +23,17 @@ import pytest
 import trio
 from psycopg import sql
 
-from trio_agents import UsageError
+from trio_agents import Runner, StoreUnavailableError, UsageError
+from trio_agents._upkeep import CHANGES_KEPT, PRUNE_EVERY
 from trio_agents.events import CancelMode, InvocationEnded
 from trio_agents.stores import (
     ApprovalDecision,
     CancelRequest,
     Change,
+    Changes,
     InvocationRecord,
     Lease,
+    MemoryStore,
     PostgresStore,
     Requests,
     Store,
@@ -38,6 +42,7 @@ from trio_agents.stores import (
 from trio_agents.stores._pg_tx import Tx as PgTx
 
 from .conftest import MEMORY, POSTGRES, StoreCase, only
+from .test_gate_closer import park, parking_agent, wait_all
 
 SEEDS = max(int(os.environ.get("TRIO_AGENTS_FUZZ", "240")) // 120, 1)
 
@@ -399,3 +404,64 @@ async def _read(
     assert got == expected
     assert cursors[owner] == model.head
     delivered[owner] += [k for k, *_ in got]
+
+
+# ==== the runner's watcher ===================================================================
+
+
+class FlakyReads(MemoryStore):
+    """A memory store whose feed reads fail while ``failing``; counts ``requests_for``."""
+
+    def __init__(self) -> None:
+        super().__init__(clock=trio.current_time)
+        self.failing = False
+        self.asked = 0
+
+    async def read_changes(self, owner: str, *, after: int, limit: int = 256) -> Changes:
+        if self.failing:
+            raise StoreUnavailableError("the feed cannot be read now")
+        return await super().read_changes(owner, after=after, limit=limit)
+
+    async def requests_for(
+        self, invocation_ids: Sequence[str], parked_ids: Sequence[str]
+    ) -> Requests:
+        self.asked += 1
+        return await super().requests_for(invocation_ids, parked_ids)
+
+
+async def test_a_watcher_behind_the_feed_reads_what_is_pending(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """The watcher cannot read the feed for a while, and the feed is pruned past its cursor
+    meanwhile (a cancel request and a decision made then are gone from it): its next read
+    says it fell behind, and it reads what is pending for every invocation here instead
+    (``requests_for``, once), so both still arrive."""
+    store = FlakyReads()
+    async with Runner(store=store, cancel_poll_interval=1.0) as runner:
+        cancelled, decided = await park(runner, parking_agent(), 2)
+        store.failing = True
+        assert await store.request_cancel(CancelRequest(invocation_id=cancelled.id, reason="r"))
+        assert await store.record_decision(gate(decided.id, "1:c0"))
+        await trio.sleep(5)
+        assert await store.prune_changes(older_than=1) == 2
+        assert store.asked == 0
+        store.failing = False
+        with trio.fail_after(5):
+            outcomes = await wait_all([cancelled, decided])
+    assert [(o.status, o.reason) for o in outcomes] == [("cancelled", "r"), ("completed", None)]
+    assert store.asked == 1
+
+
+async def test_the_watcher_prunes_old_changes(autojump_clock: trio.abc.Clock) -> None:
+    """A runner's watcher deletes the changes older than ``CHANGES_KEPT`` every
+    ``PRUNE_EVERY`` seconds, so the feed does not grow for ever: a change made for someone
+    else is gone from it after that long (a reader from before it is told it fell behind)."""
+    store = MemoryStore(clock=trio.current_time)
+    await store.create_invocation(record("elsewhere-1", "elsewhere"), ttl=10_000)
+    assert await store.request_cancel(CancelRequest(invocation_id="elsewhere-1"))
+    async with Runner(store=store):
+        await trio.sleep(CHANGES_KEPT - 1)
+        assert not (await store.read_changes("elsewhere", after=0)).behind
+        await trio.sleep(PRUNE_EVERY + 2)
+        assert (await store.read_changes("elsewhere", after=0)).behind
+    assert await store.changes_head() == 1
