@@ -406,6 +406,58 @@ async def _read(
     delivered[owner] += [k for k, *_ in got]
 
 
+async def test_concurrent_appenders_and_readers(case: StoreCase) -> None:
+    """Four tasks on two store objects (two processes, for the SQL stores) store cancel
+    requests and decisions for two owners' invocations at once, while each owner polls its
+    feed from another store object: each owner reads every change appended for it, once,
+    in id order, and nothing else - the ids its polls skip past are never seen later."""
+    rng = random.Random(7)
+    owners = ("a", "b")
+    invocations = {f"{o}{k}": o for o in owners for k in range(4)}
+    for inv, owner in invocations.items():
+        await case.store.create_invocation(record(inv, owner), ttl=600)
+    appended: dict[str, list[tuple[str, str]]] = {o: [] for o in owners}
+    got: dict[str, list[tuple[int, str, str]]] = {o: [] for o in owners}
+    with trio.fail_after(60):
+        async with AsyncExitStack() as stack:
+            other = await stack.enter_async_context(case.twin())
+            readers = {"a": other, "b": case.store}
+            done = trio.Event()
+
+            async def append(store: Store, name: str) -> None:
+                for k in range(15):
+                    inv = rng.choice(list(invocations))
+                    if rng.random() < 0.5:
+                        assert await store.request_cancel(CancelRequest(invocation_id=inv))
+                        appended[invocations[inv]].append((inv, "cancel"))
+                    elif await store.record_decision(gate(inv, f"{name}-{k}")):
+                        appended[invocations[inv]].append((inv, "gate"))
+
+            async def poll(owner: str) -> None:
+                cursor = 0
+                while True:
+                    last = done.is_set()
+                    page = await readers[owner].read_changes(owner, after=cursor, limit=3)
+                    got[owner] += [(c.id, c.invocation_id, c.kind) for c in page.changes]
+                    cursor = page.cursor
+                    if last and not page.more:
+                        return
+                    if not page.more:
+                        await trio.sleep(rng.random() * 0.01)
+
+            async with trio.open_nursery() as readers_nursery:
+                for owner in owners:
+                    readers_nursery.start_soon(poll, owner)
+                async with trio.open_nursery() as appenders:
+                    for k, store in enumerate((case.store, other, case.store, other)):
+                        appenders.start_soon(append, store, f"t{k}")
+                done.set()
+    for owner in owners:
+        ids = [k for k, _, _ in got[owner]]
+        assert ids == sorted(set(ids)), owner
+        assert sorted((inv, kind) for _, inv, kind in got[owner]) == sorted(appended[owner])
+
+
 # ==== the runner's watcher ===================================================================
 
 
