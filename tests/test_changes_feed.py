@@ -87,7 +87,10 @@ async def test_each_request_is_read_once_in_order_by_its_owner(case: StoreCase) 
 
         first = CancelRequest(invocation_id="i1", mode="after_turn", reason="first", grace=5.0)
         assert await s.request_cancel(first)
-        assert await s.record_decision(gate("i2", "g1"))
+        edited = attrs.evolve(
+            gate("i2", "g1"), reason="edited", decided_by="bob", arguments='{"x": 1}'
+        )
+        assert await s.record_decision(edited)
         assert await s.request_cancel(CancelRequest(invocation_id="i3", reason="b's"))
         assert await s.request_cancel(attrs.evolve(first, mode="immediate", reason="second"))
         assert not await s.request_cancel(CancelRequest(invocation_id="nope"))
@@ -106,7 +109,7 @@ async def test_each_request_is_read_once_in_order_by_its_owner(case: StoreCase) 
         assert ids[0] > head
         merged = attrs.evolve(first, mode="immediate", requested_at=clock.now)
         assert got.requests.cancels == (merged,)  # once, as it stands now
-        assert got.requests.decisions == (attrs.evolve(gate("i2", "g1"), decided_at=clock.now),)
+        assert got.requests.decisions == (attrs.evolve(edited, decided_at=clock.now),)
         assert (got.cursor, got.more, got.behind) == (await s.changes_head(), False, False)
         cursor = got.cursor
         assert (await s.read_changes("a", after=cursor)).changes == ()
@@ -119,9 +122,13 @@ async def test_each_request_is_read_once_in_order_by_its_owner(case: StoreCase) 
                 "a", after=cursor
             )
             assert (await again.read_changes("a", after=cursor)).changes == ()
-            assert await again.record_decision(gate("i1", "g9"))
+            result = ApprovalDecision(
+                invocation_id="i1", approval_id="g9", approved=True, state="submitted", result="42"
+            )
+            assert await again.record_decision(result)
             later = await s.read_changes("a", after=cursor)
             assert seen(later.changes) == [("i1", "gate", "g9")]
+            assert later.requests.decisions == (attrs.evolve(result, decided_at=clock.now),)
             assert later.changes[0].id == cursor + 1
 
         # An ended invocation's changes are read by no one (nothing there to change).
@@ -283,7 +290,7 @@ async def _committed_or_waiting(store: PostgresStore, done: trio.Event) -> None:
         while not done.is_set():
             rows = await store._execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                " AND wait_event_type = 'Lock' AND query LIKE 'UPDATE changes_head%'"
+                " AND wait_event_type = 'Lock' AND query LIKE '%UPDATE changes_head%'"
             )
             if rows[0][0]:
                 return

@@ -65,6 +65,7 @@ class Tx:
     for_update = " FOR UPDATE"
     for_key_share = " FOR KEY SHARE"
     code_order = ' COLLATE "C"'
+    modifying_with = True
 
     def __init__(
         self, conn: Conn, clock: Callable[[], float] | None, channels: tuple[str, str]

@@ -504,16 +504,26 @@ def append_change(
     its change only once this one is visible: ids become visible in their order, with no
     gaps (a rolled-back append rolls its number back too).  On PostgreSQL that queues the
     appenders from here to their commit; they queue at their commit anyway, for the
-    ``NOTIFY`` (PostgreSQL commits notifying transactions one at a time).
+    ``NOTIFY`` (PostgreSQL commits notifying transactions one at a time), so the lock is
+    taken by the last statement before the commit (one ``WITH``), the ``NOTIFY`` and the
+    clock read before it.
     """
-    at = tx.now()
+    params = (invocation_id, owner, kind, gate_id, tx.now())
     tx.notify(owner)
-    tx.run("UPDATE changes_head SET last_id = last_id + 1")
-    tx.run(
-        "INSERT INTO changes (id, invocation_id, owner, kind, gate_id, at)"
-        " SELECT last_id, ?, ?, ?, ?, ? FROM changes_head",
-        (invocation_id, owner, kind, gate_id, at),
-    )
+    if tx.modifying_with:
+        tx.run(
+            "WITH head AS (UPDATE changes_head SET last_id = last_id + 1 RETURNING last_id)"
+            " INSERT INTO changes (id, invocation_id, owner, kind, gate_id, at)"
+            " SELECT last_id, ?, ?, ?, ?, ? FROM head",
+            params,
+        )
+    else:
+        tx.run("UPDATE changes_head SET last_id = last_id + 1")
+        tx.run(
+            "INSERT INTO changes (id, invocation_id, owner, kind, gate_id, at)"
+            " SELECT last_id, ?, ?, ?, ?, ? FROM changes_head",
+            params,
+        )
 
 
 def request_cancel(tx: Tx, request: CancelRequest) -> bool:
