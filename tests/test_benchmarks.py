@@ -39,6 +39,13 @@ EXPECTED = {
         for store in ("memory", "sqlite")
     ],
     "journal": [r"sqlite +\d+ writes/s \| resume of a 40-turn journal +[\d.]+ ms"],
+    "feed": [
+        # PostgreSQL, unless the server is away.
+        r"n=\d+ +idle, runner-a: [\d.]+ statements/s \(.*read_changes.*\) \| CPU [\d.]+%"
+        r"|PostgreSQL: skipped",
+        r"request_cancel -> cancel applied in runner-a: p50 [\d.]+ p99 [\d.]+"
+        r"|PostgreSQL: skipped",
+    ],
     "turnloop": [
         r"bare cancel floor: p50 [\d.]+ p99 [\d.]+ ms \(\d+ cancels\)",
         r"loop.send\(\) -> old stream's disconnect: p50 [\d.]+ p99 [\d.]+ ms \(\d+ preemptions\)",
@@ -67,7 +74,7 @@ EXPECTED = {
         r"memory per parked invocation: [\d.]+ KiB Python \(RSS -?[\d.]+ KiB\)",
         r"start: [\d.]+ s \([\d.]+ us/start\)",
         r"teardown: cancel_all until every wait\(\) returned [\d.]+ ms",
-        r"watcher: requests_for 1 store calls/wake",
+        r"watcher: read_changes 1 store calls/wake",
     ],
 }
 
