@@ -21,7 +21,9 @@ all are parked, a few seconds pass; then:
   store time, and that time per invocation;
 * watch - the reads (``read_changes``, and ``requests_for``, ``cancel_requests``,
   ``decisions_for``, ``decisions`` should any come) between two consecutive
-  ``wait_for_requests`` calls of the watcher, and their store time;
+  ``wait_for_requests`` calls of the watcher, and their store time (the mean, and the median:
+  a wake that comes while a renewal round's answer is being handed to every invocation waits
+  for it, which the mean of a few wakes shows and the median does not);
 * per-invocation calls (old design) - what one call per invocation cost: ``n`` calls per
   round by construction, and, measured, ``n`` sequential ``store.renew_lease`` calls for the
   same leases on the same store (while the runner keeps running);
@@ -142,6 +144,7 @@ class Result:
     round_batches: frozenset[int]  # the sizes of the batched lease calls in the window
     wake_calls: float  # watcher reads per wake
     wake_ms: float
+    wake_median_ms: float  # a wake that meets a renewal round's work on the thread: in the mean
     wakes: int
     wake_batches: frozenset[int]
     others: Counter[str]  # any other store call while everything was parked
@@ -231,6 +234,9 @@ async def measure(name: str, store: Store, n: int, parked_for: float) -> Result:
         wake_ms=statistics.fmean(sum(c.seconds for c in w) for w in wakes) * 1000
         if wakes
         else float("nan"),
+        wake_median_ms=statistics.median(sum(c.seconds for c in w) for w in wakes) * 1000
+        if wakes
+        else float("nan"),
         wakes=len(wakes),
         wake_batches=frozenset(c.batch for w in wakes for c in w if c.method != "decisions"),
         others=Counter(c.method for c in window if c.method not in known),
@@ -249,6 +255,7 @@ def line(r: Result) -> str:
         f"  {r.store:8} n={r.n:<6} renew: {plural(r.round_calls, 'call')}/round"
         f" {r.round_ms:.2f} ms ({r.round_ms * 1000 / r.n:.2f} us/inv)"
         f" | watch: {plural(r.wake_calls, 'call')}/wake {r.wake_ms:.2f} ms"
+        f" (median {r.wake_median_ms:.2f})"
         f" | per-invocation calls (old design): {r.n} in {r.old_ms:.1f} ms"
         f" | teardown {r.teardown_ms:.0f} ms"
         f" | start {r.start_s:.2f} s"

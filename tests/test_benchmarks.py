@@ -34,7 +34,8 @@ EXPECTED = {
     ],
     "flat_costs": [
         rf"{store} +n=100 +renew: [\d.]+ calls?/round [\d.]+ ms \([\d.]+ us/inv\) \| watch: "
-        r"[\d.]+ calls?/wake [\d.]+ ms \| per-invocation calls \(old design\): 100 in [\d.]+ ms"
+        r"[\d.]+ calls?/wake [\d.]+ ms \(median [\d.]+\) \| per-invocation calls \(old design\):"
+        r" 100 in [\d.]+ ms"
         r" \| teardown [\d.]+ ms"
         for store in ("memory", "sqlite")
     ],
