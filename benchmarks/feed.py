@@ -30,7 +30,7 @@ methods in the runner process, so the same file measures an older trio_agents: r
 a checkout of that version (``PYTHONPATH=<checkout> python -m benchmarks.feed``) to compare.
 
 Run: ``python -m benchmarks.feed`` (``--sizes 1000 10000``, ``--seconds 30``, ``--cancels
-50``, ``--appends 2000``; ``--quick``: n=50, 2 s, 5 cancels, no settling).  Needs PostgreSQL
+50``, ``--appends 2000``; ``--quick``: n=50, 0.5 s, 5 cancels, no settling).  Needs PostgreSQL
 at ``TRIO_AGENTS_POSTGRES_URL`` (default ``postgresql://postgres@127.0.0.1:5432/test``); it
 creates a database of its own next to that one (``trio_agents_bench``) and a fresh schema in
 it per size, dropped after.
@@ -386,7 +386,7 @@ def run_size(n: int, seconds: float, cancels: int, settle: float = SETTLE) -> No
                 flush=True,
             )
             ids = parked[:cancels]
-            window = cancels * GAP + 2
+            window = cancels * GAP + min(2.0, seconds)  # and the last one's way through
             a.ask(f"measure {window} stalls")
             b.ask(f"measure {window}")
             sent, calls = trio.run(request_cancels, schema, ids)
@@ -476,7 +476,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=30.0, help="the idle window")
     parser.add_argument("--cancels", type=int, default=50)
     parser.add_argument("--appends", type=int, default=0, help="measure appends too")
-    parser.add_argument("--quick", action="store_true", help="a smoke run: n=50, 2 s")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: n=50, 0.5 s")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -490,7 +490,7 @@ def main() -> int:
         return 0
     sizes, seconds, cancels, settle = args.sizes, args.seconds, args.cancels, SETTLE
     if args.quick:  # the figures of a smoke run mean little: the parking's counters blur them
-        sizes, seconds, cancels, settle = [50], 2.0, 5, 0.0
+        sizes, seconds, cancels, settle = [50], 0.5, 5, 0.0
     import trio_agents
 
     print(
