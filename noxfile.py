@@ -38,6 +38,7 @@ def bench(session: nox.Session) -> None:
         "flat_costs",
         "turnloop",
         "parked",
+        "feed",
         "server",
         "batch",
         "fleet",
@@ -47,11 +48,11 @@ def bench(session: nox.Session) -> None:
 
 @nox.session
 def fuzz(session: nox.Session) -> None:
-    """The randomized cancel, turn-loop, batch, gate-closer, mass-cancel, PostgreSQL lock-order
-    and fleet (processes killed at random) tests at nightly size: thousands of scenarios (the
-    suite runs a couple of hundred), 1,000 parked invocations cancelled on PostgreSQL, a
-    hundred fleets on each store.  ``-- -x`` stops at the first failure, which names its
-    seed."""
+    """The randomized cancel, turn-loop, batch, gate-closer, mass-cancel, PostgreSQL lock-order,
+    changes-feed and fleet (processes killed at random) tests at nightly size: thousands of
+    scenarios (the suite runs a couple of hundred), 1,000 parked invocations cancelled on
+    PostgreSQL, a hundred fleets on each store.  ``-- -x`` stops at the first failure, which
+    names its seed."""
     session.install("-e", ".[dev]")
     session.run(
         "pytest",
@@ -64,6 +65,7 @@ def fuzz(session: nox.Session) -> None:
         "tests/test_gate_closer.py",
         "tests/test_cancel_waves.py",
         "tests/test_store_lock_order.py",
+        "tests/test_changes_feed.py",
         "tests/test_fleet.py",
         *session.posargs,
         env={

@@ -329,8 +329,9 @@ async def test_the_watcher_reads_once_per_wake_for_all_parked(
     autojump_clock: trio.abc.Clock,
 ) -> None:
     """With many invocations parked, each wake of the watcher makes one store call,
-    ``requests_for``, covering every invocation (and every parked one); a decision and a
-    cancel request written to the store by someone else reach their invocations through it."""
+    ``read_changes`` (the changes feed of the runner's owner: no list of ids, nothing per
+    invocation); a decision and a cancel request written to the store by someone else reach
+    their invocations through it."""
     n = 60
     probe = Deployer()
 
@@ -353,7 +354,7 @@ async def test_the_watcher_reads_once_per_wake_for_all_parked(
         waits = [k for k, (name, _) in enumerate(window) if name == "wait_for_requests"]
         assert len(waits) >= 15
         between = [window[a + 1 : b] for a, b in itertools.pairwise(waits)]
-        assert all(calls_ == [("requests_for", (n, n))] for calls_ in between), between
+        assert all(calls_ == [("read_changes", ())] for calls_ in between), between
 
         decided, cancelled = invs[3], invs[7]
         await store.record_decision(

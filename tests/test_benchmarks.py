@@ -34,11 +34,19 @@ EXPECTED = {
     ],
     "flat_costs": [
         rf"{store} +n=100 +renew: [\d.]+ calls?/round [\d.]+ ms \([\d.]+ us/inv\) \| watch: "
-        r"[\d.]+ calls?/wake [\d.]+ ms \| per-invocation calls \(old design\): 100 in [\d.]+ ms"
+        r"[\d.]+ calls?/wake [\d.]+ ms \(median [\d.]+\) \| per-invocation calls \(old design\):"
+        r" 100 in [\d.]+ ms"
         r" \| teardown [\d.]+ ms"
         for store in ("memory", "sqlite")
     ],
     "journal": [r"sqlite +\d+ writes/s \| resume of a 40-turn journal +[\d.]+ ms"],
+    "feed": [
+        # PostgreSQL, unless the server is away.
+        r"n=\d+ +idle, runner-a: [\d.]+ statements/s \(.*read_changes.*\) \| CPU [\d.]+%"
+        r"|PostgreSQL: skipped",
+        r"request_cancel -> cancel applied in runner-a: p50 [\d.]+ p99 [\d.]+"
+        r"|PostgreSQL: skipped",
+    ],
     "turnloop": [
         r"bare cancel floor: p50 [\d.]+ p99 [\d.]+ ms \(\d+ cancels\)",
         r"loop.send\(\) -> old stream's disconnect: p50 [\d.]+ p99 [\d.]+ ms \(\d+ preemptions\)",
@@ -75,7 +83,7 @@ EXPECTED = {
         r"memory per parked invocation: [\d.]+ KiB Python \(RSS -?[\d.]+ KiB\)",
         r"start: [\d.]+ s \([\d.]+ us/start\)",
         r"teardown: cancel_all until every wait\(\) returned [\d.]+ ms",
-        r"watcher: requests_for 1 store calls/wake",
+        r"watcher: read_changes 1 store calls/wake",
     ],
 }
 

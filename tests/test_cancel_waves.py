@@ -1,5 +1,5 @@
 """A mass cancel in waves (``Runner.cancel_all``, :mod:`trio_agents._cancel_waves`) and the
-watcher's watchlist: what a wake asks the store about.
+watcher's watchlist: what a request from another process may still change.
 
 The randomized test runs ``TRIO_AGENTS_FUZZ`` / 30 seeds (default 8; ``nox -s fuzz`` runs the
 nightly size).
@@ -24,7 +24,7 @@ from trio_agents.events import CancelRequested
 from trio_agents.messages import ModelRequest, ToolCall, ToolResultMessage
 from trio_agents.models import ScriptedModel, ScriptedTurn
 from trio_agents.runner import Invocation, Runner
-from trio_agents.stores import MemoryStore
+from trio_agents.stores import ApprovalDecision, Changes, MemoryStore
 from trio_agents.tools import tool
 
 from .test_gate_closer import GateStore, check_agreement, park, parking_agent, wait_all
@@ -49,15 +49,23 @@ class PassCounter(trio.abc.Instrument):
 
 
 class AskedStore(MemoryStore):
-    """Records what each ``requests_for`` call asked about."""
+    """Records what each ``requests_for`` call asked about, and the invocations of the
+    changes each ``read_changes`` found."""
 
     def __init__(self) -> None:
         super().__init__()
         self.asked: list[tuple[set[str], set[str]]] = []
+        self.read: list[list[str]] = []
 
     async def requests_for(self, invocation_ids: Sequence[str], parked_ids: Sequence[str]) -> Any:
         self.asked.append((set(invocation_ids), set(parked_ids)))
         return await super().requests_for(invocation_ids, parked_ids)
+
+    async def read_changes(self, owner: str, *, after: int, limit: int = 256) -> Changes:
+        found = await super().read_changes(owner, after=after, limit=limit)
+        if found.changes:
+            self.read.append([c.invocation_id for c in found.changes])
+        return found
 
 
 def slow_tool_agent(seconds: float) -> Agent:
@@ -176,28 +184,54 @@ async def test_a_shutdown_with_waves_still_queued_ends_every_one(
     await check_agreement(store, invs)
 
 
-async def test_the_watcher_asks_only_about_what_a_request_could_change(
-    autojump_clock: trio.abc.Clock,
+def stubborn_agent(seconds: float) -> Agent:
+    """Calls ``work``, which finishes its ``seconds`` whatever cancel comes (shielded)."""
+
+    @tool
+    async def work() -> str:
+        """Work a while, and finish."""
+        with trio.CancelScope(shield=True):
+            await trio.sleep(seconds)
+        return "worked"
+
+    def script(request: ModelRequest) -> ScriptedTurn:
+        if isinstance(request.messages[-1], ToolResultMessage):
+            return ScriptedTurn.text("done")
+        return ScriptedTurn(tool_calls=(ToolCall(id="c0", name="work", arguments="{}"),))
+
+    return Agent(name="stubborn", model=ScriptedModel(script), tools=[work])
+
+
+async def test_a_decision_from_elsewhere_does_not_start_an_invocation_queued_for_a_cancel(
+    autojump_clock: trio.abc.Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A wake asks the store about the invocations not yet cancelled ``immediate`` and, for
-    decisions, only those parked; once every one is cancelled a wake makes no store call."""
+    """A decision another process stores for an invocation that an ``immediate``
+    ``cancel_all`` has queued (its wave has not come: the one before is still ending) reaches
+    the runner through the changes feed, and the watcher does not hand it over: the approved
+    call never runs, and the invocation ends ``cancelled`` when its wave comes, the decision
+    standing in the store.  A wake reads the feed, never every invocation's requests."""
+    monkeypatch.setattr(trio_agents.runner, "CANCEL_WAVE", 1)
+    ran: list[str] = []
     store = AskedStore()
     async with Runner(store=store, cancel_poll_interval=1.0) as runner:
-        invs = await park(runner, parking_agent(), 10)
-        ids = {inv.id for inv in invs}
-        await trio.sleep(1.5)
-        assert store.asked[-1] == (ids, ids)
-        for inv in invs[:4]:
-            inv.cancel(reason="one by one")
-        await trio.sleep(1.5)
-        assert store.asked[-1] == (ids - {inv.id for inv in invs[:4]},) * 2
-        for inv in invs[4:]:
-            inv.cancel("after_turn", reason="gently")
+        busy = await runner.start(stubborn_agent(2.0), "go")  # the first wave: 2 s to end
         await trio.testing.wait_all_tasks_blocked()
-        calls = len(store.asked)
-        await trio.sleep(5)
-        assert len(store.asked) == calls  # nothing left a request could change
-        await wait_all(invs)
+        [queued] = await park(runner, parking_agent(ran), 1)
+        assert runner.cancel_all(reason="now") == 2
+        assert runner._waves.statistics() == (1, 1)
+        decision = ApprovalDecision(invocation_id=queued.id, approval_id="1:c0", approved=True)
+        assert await store.record_decision(decision)  # as another process would
+        await trio.sleep(0.05)  # the watcher read it (the store woke it); the wave is held
+        assert store.read[-1:] == [[queued.id]]
+        assert runner._waves.statistics() == (1, 1)
+        outcomes = await wait_all([busy, queued])
+    assert ran == []
+    assert (outcomes[1].status, outcomes[1].reason, outcomes[1].gates) == (
+        "cancelled",
+        "now",
+        {"1:c0": "approved"},
+    )
+    assert store.asked == []
 
 
 async def test_invocations_queued_for_an_immediate_cancel_leave_the_watchlist(

@@ -15,6 +15,7 @@ import trio
 
 from trio_agents import Agent, LeaseError, Runner, ToolContext, UsageError, tool
 from trio_agents.events import (
+    ApprovalRequested,
     Event,
     InvocationEnded,
     InvocationStarted,
@@ -26,10 +27,11 @@ from trio_agents.events import (
 from trio_agents.messages import ModelRequest, ToolResultMessage, UserMessage
 from trio_agents.models import ScriptedModel
 from trio_agents.models.scripted import ScriptedTurn
-from trio_agents.stores import MemoryStore
+from trio_agents.stores import ApprovalDecision, MemoryStore
 
 from ._helpers import check_loop_reading, eventually, run_then_crash
 from .conftest import StoreCase
+from .test_gate_closer import parking_agent
 
 
 class Effects:
@@ -182,6 +184,43 @@ async def test_recover_fail_ends_an_orphan_failed_naming_its_lost_owner(case: St
     assert (answer.status, answer.interrupted) == ("failed", True)
     assert answer.exchange[1].results[0].content.startswith("cut off:")  # type: ignore[union-attr]
     assert effects.finished == []
+
+
+async def test_a_decision_left_for_a_dead_owner_reaches_the_heir(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """A process dies with an invocation parked on an approval; a person approves it then
+    (the decision's change in the feed is for the dead owner, who will never read it).  The
+    runner that takes the invocation over reads the decision as its gate's wait begins
+    again: the call runs, once, and the run completes."""
+    ran: list[str] = []
+    agent = parking_agent(ran)
+    store = MemoryStore(clock=lambda: 1_700_000_000 + trio.current_time())
+    await run_then_crash(
+        store,
+        lambda runner: runner.start(agent, "ship it", invocation_id="inv-p"),
+        lambda: _has(store, "inv-p", ApprovalRequested),
+        lease_ttl=12,
+    )
+    decision = ApprovalDecision(invocation_id="inv-p", approval_id="1:c0", approved=True)
+    assert await store.record_decision(decision)
+    async with Runner(
+        store=store, agents=[agent], recover="resume", lease_ttl=12, recover_interval=2
+    ):
+        with trio.fail_after(60):
+            await eventually(
+                lambda: _status_is(store, "inv-p", "completed"),
+                every=0.5,
+            )
+    assert ran == ["api"]
+
+
+async def _has(store: MemoryStore, invocation_id: str, kind: type[Event]) -> bool:
+    return any(isinstance(e, kind) for e in await store.load_events(invocation_id))
+
+
+async def _status_is(store: MemoryStore, invocation_id: str, status: str) -> bool:
+    return (await store.get_invocation(invocation_id)).status == status
 
 
 async def test_a_paused_invocation_is_not_an_orphan(autojump_clock: trio.abc.Clock) -> None:

@@ -897,8 +897,8 @@ async def test_open_store_postgres_url_with_schema(postgres_url: str, postgres_s
                     (postgres_schema,),
                 )
             )
-            assert rows[0][0] == 11  # six tables, approval_decisions (2), event_batches (3),
-            # gate_secrets (4), batches and batch_jobs (7)
+            assert rows[0][0] == 13  # six tables, approval_decisions (2), event_batches (3),
+            # gate_secrets (4), batches and batch_jobs (7), changes and changes_head (9)
 
 
 @pytest.mark.parametrize(

@@ -593,6 +593,29 @@ async def test_a_loop_taken_over_stops_and_says_so(autojump_clock: Any) -> None:
     assert "after the takeover" not in [e.text for e in events if isinstance(e, MessageReceived)]
 
 
+async def test_a_cancel_request_left_for_a_dead_opening_stops_the_next(
+    autojump_clock: Any,
+) -> None:
+    """A ``loop:<session>`` cancel request the store accepted for an opening whose process
+    then died (its change in the feed is for that owner, who will never read it) stops the
+    opening that takes the loop over, as a resume ends on one: the loop reads what is pending
+    as it opens, once registered, and its end names the request's reason."""
+    skew = [0.0]
+    store = ta.stores.MemoryStore(clock=lambda: trio.current_time() + skew[0])
+    bot = Bot()
+    dead = ta.stores.InvocationRecord(id=LOOP, agent=bot.agent().name, input="", owner="dead")
+    await store.create_invocation(dead, ttl=3)
+    assert await store.request_cancel(ta.stores.CancelRequest(invocation_id=LOOP, reason="stop"))
+    skew[0] = 100.0  # its lease lapsed long ago
+    async with (
+        Runner(store, owner="b", lease_ttl=3) as runner,
+        runner.open_turn_loop(bot.agent(), session_id="s1") as loop,
+    ):
+        with trio.fail_after(5):
+            await loop.wait_stopped()
+    assert terminal_events(await journal(store))[-1].reason == "stopped: stop"
+
+
 # ==== events ================================================================================
 
 

@@ -24,7 +24,7 @@ What it does
     Each is cancelled exactly as :meth:`Invocation.cancel` would: a no-op for one that ended
     meanwhile; a stronger cancel of one of them by another caller takes effect at once, as
     always.  One queued for an ``immediate`` cancel leaves the runner's watchlist at once: the
-    watcher stops asking the store about it (a request could not change it, and a decision
+    watcher no longer applies requests to it (a request could not change it, and a decision
     from another process must not set it going again before its wave reaches it).
 
     The wave is small (the runner's ``CANCEL_WAVE``, 128) because what the unwinding and the

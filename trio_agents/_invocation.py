@@ -110,8 +110,11 @@ def lease_deadline(lease: Lease, sent_at: float, lease_ttl: float) -> float:
 
 
 class Watchlist:
-    """What the watcher asks the store about, kept up to date as invocations change, so that
-    a wake costs no scan of every invocation running here (a runner may hold 100,000 parked).
+    """What a request from another process may still change here, kept up to date as
+    invocations change: the runner's watcher applies what the changes feed brings only to
+    these (and reads everything pending for all of them only when it fell behind the feed,
+    :meth:`Store.requests_for`).  Kept as invocations change, so that neither costs a scan of
+    every invocation running here (a runner may hold 100,000 parked).
 
     ``cancellable``: the invocations running here that a cancel request could still change -
     from their launch until they are cancelled ``immediate`` (the strongest mode: a request
@@ -149,7 +152,7 @@ class InvocationEnv:
     poll_interval: float
     forget: Callable[[Invocation], None]
     endings: trio.Semaphore  # turns to store an ending (runner.ENDINGS_AT_ONCE; see _run)
-    watchlist: Watchlist  # what the runner's watcher asks the store about (see _upkeep)
+    watchlist: Watchlist  # what the runner's watcher may still change (see _upkeep)
     hooks: HookSet | None = None
     approval_expires_after: float | None = None
 
@@ -441,8 +444,8 @@ class Invocation:
         return self._gates.deliver(decision)
 
     def _parked_changed(self, parked: bool) -> None:
-        """Its gates' waits began (the first) or all ended: the watcher asks for decisions
-        of parked invocations only."""
+        """Its gates' waits began (the first) or all ended: the watcher hands gate ends to
+        parked invocations only.  (The wait reads the ends stored before it began.)"""
         if parked and self._outcome is None:
             self._env.watchlist.parked[self.id] = self
         else:

@@ -2,26 +2,43 @@
 a runner's invocations, however many (see :mod:`.runner`).
 
 Both run in the runner's background nursery until it closes, and read the runner's registry
-of running invocations (``active``) without changing it.
+of running invocations without changing it.
+
+The watcher reads the store's changes feed (:meth:`Store.read_changes`): the cancel requests
+and gate ends others stored for this runner's invocations since its cursor.  A wake costs what
+changed - one indexed read that finds nothing when nothing did - not what runs or is parked
+here.  It keeps no state in the store: its cursor starts at the feed's head when the runner
+opens, and an invocation that comes here later (a resume, a takeover) reads what is pending as
+it takes its lease (:meth:`Invocation._open`, a gate's wait, a turn loop's opening), so what
+was appended for its previous owner is not lost.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from typing import Protocol
+from typing import Final, Protocol
 
 import trio
 
 from ._exceptions import LeaseError, StoreError
-from ._invocation import LEASE_MARGIN, Invocation, Watchlist
+from ._invocation import LEASE_MARGIN, Watchlist
 from ._recorder import Recorder
 from .events import CancelMode
-from .stores._base import Lease, Store
+from .stores._base import Lease, Requests, Store
 
-__all__ = ["Leaseholder", "renew_leases", "watch_requests"]
+__all__ = ["CHANGES_KEPT", "PRUNE_EVERY", "Leaseholder", "renew_leases", "watch_requests"]
 
 logger = logging.getLogger("trio_agents.runner")
+
+CHANGES_KEPT: Final = 600.0
+"""Seconds a change stays in the feed.  A watcher reads the feed every ``poll_interval``; one
+that could not read it for this long (its store was away: its leases have lapsed long
+since) is told it fell behind and reads what is pending instead."""
+PRUNE_EVERY: Final = 60.0
+"""Seconds between two prunes of the feed by a watcher (one cheap statement each)."""
+FEED_READ: Final = 256
+"""Changes per read of the feed (a burst takes several reads, back to back)."""
 
 
 class Leaseholder(Protocol):
@@ -104,42 +121,79 @@ async def renew_leases(
 
 async def watch_requests(
     store: Store,
-    active: Mapping[str, Invocation],
+    owner: str,
     watchlist: Watchlist,
     poll_interval: float,
     loops: Mapping[str, Stoppable] | None = None,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Apply the cancel requests and approval decisions that other processes persisted for
-    invocations running here (``active``) and the cancel requests for the turn loops open
-    here, which stop them: one store call per wake (:meth:`Store.requests_for`), for all of
-    them.  It asks only about what ``watchlist`` holds - the invocations a request could
-    still change, and for decisions those parked - so a wake during a mass cancel asks
-    about none and makes no store call."""
+    """Apply the cancel requests and gate ends that others stored for ``owner``'s
+    invocations running here, and the cancel requests of the turn loops open here (which
+    stop them), as the changes feed brings them (see the module docstring): on each wake, the
+    changes after its cursor (:meth:`Store.read_changes`), one store call when they fit one
+    read.  A change is applied only to what ``watchlist`` holds - the invocations a cancel
+    request could still change, and for gate ends those parked - and ``loops``.
+
+    Starts listening, then reads the feed's head, before it reports started (``task_status``):
+    every change appended after that is read.  Raises :class:`~trio_agents.StoreError` if
+    it cannot (the runner cannot open).  Then runs until cancelled; a store that fails is
+    asked again a ``poll_interval`` later.  A wake whose read finds the feed pruned past its
+    cursor (:attr:`Changes.behind`) reads what is pending for all of the watchlist and the
+    loops instead (:meth:`Store.requests_for`).  Every :data:`PRUNE_EVERY` seconds it prunes
+    the changes older than :data:`CHANGES_KEPT`."""
     loops = loops if loops is not None else {}
+    await store.wait_for_requests(timeout=0, owner=owner)  # listening before the head is read
+    cursor = await store.changes_head()
+    task_status.started()
+    prune_at = trio.current_time() + PRUNE_EVERY
     while True:
         try:
-            await store.wait_for_requests(timeout=poll_interval)
-            asked = [*watchlist.cancellable, *loops]
-            parked = list(watchlist.parked)
-            if not asked and not parked:
-                continue
-            found = await store.requests_for(asked, parked)
+            await store.wait_for_requests(timeout=poll_interval, owner=owner)
+            while True:
+                found = await store.read_changes(owner, after=cursor, limit=FEED_READ)
+                if found.behind:
+                    logger.warning(
+                        "the changes feed was pruned past this runner's cursor (%d): reading "
+                        "every pending request of its %d invocations and %d turn loops",
+                        cursor,
+                        len(watchlist.cancellable),
+                        len(loops),
+                    )
+                    _apply(
+                        await store.requests_for(
+                            [*watchlist.cancellable, *loops], list(watchlist.parked)
+                        ),
+                        watchlist,
+                        loops,
+                    )
+                _apply(found.requests, watchlist, loops)
+                cursor = found.cursor
+                if not found.more:
+                    break
+            if trio.current_time() >= prune_at:
+                prune_at = trio.current_time() + PRUNE_EVERY
+                await store.prune_changes(older_than=CHANGES_KEPT)
         except StoreError as exc:  # the store is down: keep running, ask again later
             logger.warning("could not read cancel requests or decisions: %s", exc)
             await trio.sleep(poll_interval)
-            continue
-        for request in found.cancels:
-            inv = active.get(request.invocation_id)
-            if inv is not None:
-                inv.cancel(
-                    request.mode,
-                    reason=request.reason,
-                    by=request.requested_by,
-                    grace=request.grace,
-                )
-            elif (loop := loops.get(request.invocation_id)) is not None:
-                loop.stop(request.mode, reason=request.reason, grace=request.grace)
-        for decision in found.decisions:
-            inv = active.get(decision.invocation_id)
-            if inv is not None:
-                inv._deliver(decision)
+
+
+def _apply(found: Requests, watchlist: Watchlist, loops: Mapping[str, Stoppable]) -> None:
+    """Hand what the store holds to what it may still change (see :func:`watch_requests`);
+    each is idempotent, so a request read twice changes nothing more."""
+    for request in found.cancels:
+        inv = watchlist.cancellable.get(request.invocation_id)
+        if inv is not None:
+            inv.cancel(
+                request.mode,
+                reason=request.reason,
+                by=request.requested_by,
+                grace=request.grace,
+            )
+        elif (loop := loops.get(request.invocation_id)) is not None:
+            loop.stop(request.mode, reason=request.reason, grace=request.grace)
+    for decision in found.decisions:
+        inv = watchlist.parked.get(decision.invocation_id)
+        if inv is not None:
+            inv._deliver(decision)

@@ -20,8 +20,10 @@ The life of a gate
     2. **Hot wait.**  The invocation parks in :class:`Gates`, inside its own cancel scope: no
        thread, no connection, no scope of the wait's own unless a deadline needs one.  An
        end reaches it at once in this process (:meth:`Gates.deliver`), or through the store
-       from another process (the runner's watcher reads :meth:`Store.requests_for` - cancel
-       requests and decisions - for *all* its invocations in one query per wake).
+       from another process (the runner's watcher reads the store's changes feed - the cancel
+       requests and decisions made for its invocations since its last read - in one query per
+       wake); ends stored before the wait began (while paused, or for a previous owner) are
+       read when it begins.
     3. **End.**  Every gate ends in exactly one state: ``approved`` or ``denied`` (an
        approval), ``submitted`` (a result, a credential), ``expired`` or ``cancelled``.  The
        store is the one arbiter, first write wins: deciders record their end with

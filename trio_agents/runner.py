@@ -5,8 +5,9 @@ Who owns what
     store and two nurseries: one holds the invocations, one holds the runner's own background
     tasks: the journal writer (one group commit for many invocations' writes), the gate closer
     (one store call for the gate ends of every invocation a cancel is ending), lease renewal
-    (one store call per round for all invocations) and the watcher (one store call per wake
-    for the cancel requests and approval decisions of all invocations running here).  Each
+    (one store call per round for all invocations) and the watcher (one read of the store's
+    changes feed per wake: the cancel requests and approval decisions others made for the
+    invocations running here since its last read, costing what changed, not what runs).  Each
     invocation is one task in the first nursery running under its own ``trio.CancelScope``;
     everything the invocation starts - the model's HTTP stream (owned by the model's async
     context manager), tool calls (owned by the agent loop's nursery) - lives inside that scope.
@@ -213,7 +214,7 @@ class Runner(InvocationControl):
         self.log_limit = log_limit
         self._hooks = HookSet.of(hooks, timeout=hook_timeout)
         self._active: dict[str, Invocation] = {}
-        self._watchlist = Watchlist()  # of _active: what the watcher asks the store about
+        self._watchlist = Watchlist()  # of _active: what the watcher's changes may still change
         self._waves = CancelWaves(CANCEL_WAVE, self._watchlist)  # cancel_all of many, in waves
         self._loops: dict[str, TurnLoop] = {}  # the turn loops open here, by loop id
         self._recovering: set[str] = set()  # loop ids being recovered here (see _recover_loop)
@@ -266,10 +267,11 @@ class Runner(InvocationControl):
             closer_scope = await system.start(closer.serve)
             await system.start(self._waves.serve)
             system.start_soon(renew_leases, store, self._leaseholders, self.lease_ttl)
-            system.start_soon(
+            # Started (listening, its cursor at the feed's head) before any invocation can be.
+            await system.start(
                 watch_requests,
                 store,
-                self._active,
+                self.owner,
                 self._watchlist,
                 self.cancel_poll_interval,
                 self._loops,

@@ -640,6 +640,11 @@ async def open_turn_loop(
     host._loop_opened(loop)
     reason = "shutdown"  # unless the block ends otherwise
     try:
+        # A cancel request the store accepted before this opening took the lease (for an
+        # opening that died before acting on it) stops the loop.  Read once the loop is
+        # registered: the runner's watcher brings one stored from now on.
+        for request in await loop._env.store.cancel_requests([loop.id]):
+            loop.stop(request.mode, reason=request.reason, grace=request.grace)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(loop._drive, name=f"turn loop {session_id}")

@@ -11,6 +11,9 @@ from typing import TYPE_CHECKING, Any
 from ._base import JSON as JSON
 from ._base import ApprovalDecision as ApprovalDecision
 from ._base import CancelRequest as CancelRequest
+from ._base import Change as Change
+from ._base import ChangeKind as ChangeKind
+from ._base import Changes as Changes
 from ._base import CommitResult as CommitResult
 from ._base import InvocationRecord as InvocationRecord
 from ._base import InvocationStatus as InvocationStatus

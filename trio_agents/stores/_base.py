@@ -11,6 +11,10 @@ A store knows nothing of agents.  It keeps:
   event, so the store can replay every event an invocation published
   (:meth:`Store.read_events`) and wake readers when more arrive (:meth:`Store.wait_for_events`);
 * **cancel requests** - so a cancel can be made by id from another process;
+* **the changes feed** - what a runner's watcher reads (:meth:`Store.read_changes`): one
+  entry (:class:`Change`) for every cancel request and gate end that someone other than the
+  invocation's owner stored, numbered in the order they commit, so a wake costs what changed,
+  not what is parked (see "The changes feed" below);
 * **gate ends** - decisions, long-running results, and expired or cancelled gates
   (:class:`ApprovalDecision`), first write wins; submitted credentials are kept apart and
   removed once taken (:meth:`Store.take_secret`), never in the journal;
@@ -35,6 +39,21 @@ own: a rejected write changes nothing and its error comes back in its slot; the 
 (``exclusive_session=False``): :meth:`Store.create_invocation` and :meth:`Store.acquire_lease`
 raise :class:`~trio_agents.SessionBusy` while another invocation of the session is running
 with an unexpired lease.  An invocation with a ``session_id`` creates its session if missing.
+
+**The changes feed.**  :meth:`Store.request_cancel` (when it accepts the request) and
+:meth:`Store.record_decision` (when its end stands, for an invocation that has an owner) append
+a :class:`Change` in their own transaction: a number greater than every number before it,
+the invocation, what kind, and the invocation's ``owner`` at that moment.  Numbers become
+visible in their order - a reader that has seen number ``n`` has seen every number below it
+(each store says how: one writer for SQLite, a lock to the commit for PostgreSQL) - and have no
+gaps but what pruning removed.  A runner reads the changes after its cursor for invocations it
+owns (:meth:`Store.read_changes`): those appended for it, of invocations it still owns when it
+reads.  An invocation it takes over (a resume, a takeover) reads what is pending under its new
+lease instead (:meth:`Store.cancel_requests`, :meth:`Store.decisions`), so what was appended
+for the previous owner is not lost.  :meth:`Store.end_gates` (the owner's own gate ends)
+appends nothing.  Old changes are deleted by :meth:`Store.prune_changes`; a reader whose cursor
+fell behind what was pruned is told so (:attr:`Changes.behind`) and reads what is pending
+instead (:meth:`Store.requests_for`).
 
 **Stored form.**  Events are stored as the JSON of :func:`trio_agents.events.encode`, which
 carries the codec version ``"v"``; session entries carry their own ``"v"``.  A record that cannot
@@ -71,6 +90,9 @@ __all__ = [
     "JSON",
     "ApprovalDecision",
     "CancelRequest",
+    "Change",
+    "ChangeKind",
+    "Changes",
     "CommitResult",
     "InvocationRecord",
     "InvocationStatus",
@@ -83,6 +105,8 @@ __all__ = [
 ]
 
 InvocationStatus: TypeAlias = Literal["running", "completed", "failed", "cancelled", "paused"]
+ChangeKind: TypeAlias = Literal["cancel", "gate"]
+"""What a :class:`Change` says changed: the invocation's cancel request, or one gate's end."""
 JSON: TypeAlias = "bool | int | float | str | list[JSON] | dict[str, JSON] | None"
 """A JSON value, as :func:`json.loads` returns it."""
 
@@ -194,12 +218,51 @@ def _decisions(found: Iterable[ApprovalDecision]) -> tuple[ApprovalDecision, ...
 
 @attrs.frozen(kw_only=True)
 class Requests:
-    """What a runner's watcher reads in one wake (:meth:`Store.requests_for`): the pending
-    cancel requests of the invocations it runs, and the gate ends recorded for those of them
-    parked on a gate."""
+    """Cancel requests and gate ends, as a runner's watcher applies them: what the changes feed
+    points at (:attr:`Changes.requests`), or, for a watcher that fell behind the feed, what
+    is pending for the invocations it runs and the gates they are parked on
+    (:meth:`Store.requests_for`)."""
 
     cancels: tuple[CancelRequest, ...] = attrs.field(default=(), converter=_cancels)
     decisions: tuple[ApprovalDecision, ...] = attrs.field(default=(), converter=_decisions)
+
+
+@attrs.frozen(kw_only=True)
+class Change:
+    """One entry of the changes feed (see the module docstring): entry ``id`` (a number above
+    every one before it) says that ``invocation_id``'s cancel request (``kind="cancel"``)
+    or the end of its gate ``gate_id`` (``kind="gate"``) was stored by someone else."""
+
+    id: int
+    invocation_id: str
+    kind: ChangeKind
+    gate_id: str | None = None
+
+
+def _changes(found: Iterable[Change]) -> tuple[Change, ...]:
+    return tuple(found)
+
+
+@attrs.frozen(kw_only=True)
+class Changes:
+    """One read of the changes feed for one owner (:meth:`Store.read_changes`).
+
+    ``changes``: the entries after the cursor read, in ``id`` order (at most ``limit``).
+    ``requests``: what they point at, as it stands now - the merged cancel request of each
+    invocation with a ``cancel`` change (once, however many), the end of each gate with a
+    ``gate`` change - all read at the same moment as ``changes``.  A request cleared since (the
+    invocation ended) is left out.  ``cursor``: where the next read starts (pass it as
+    ``after``): the feed's head when everything was read, else the last entry read, and then
+    ``more`` is true.  ``behind``: entries after the cursor read were pruned (or the cursor is
+    past the feed's head: not this store's) - the reader may have missed some and should read
+    what is pending instead (:meth:`Store.requests_for`).
+    """
+
+    cursor: int
+    changes: tuple[Change, ...] = attrs.field(default=(), converter=_changes)
+    requests: Requests = Requests()
+    more: bool = False
+    behind: bool = False
 
 
 def _messages(value: Iterable[Message]) -> tuple[Message, ...]:
@@ -472,8 +535,9 @@ class Store(BatchStore, Protocol):
 
         Requests for the same invocation merge: the mode only strengthens (``after_turn`` <
         ``after_tools`` < ``immediate``) and the first reason is kept.  ``requested_at`` of
-        ``0.0`` is stamped with the store's clock.  Wakes :meth:`wait_for_requests`
-        (in other processes too, where the store can).
+        ``0.0`` is stamped with the store's clock.  An accepted request appends a ``cancel``
+        :class:`Change` for the invocation's owner in the same transaction and wakes that
+        owner's :meth:`wait_for_requests` (in other processes too, where the store can).
         """
         ...
 
@@ -491,8 +555,12 @@ class Store(BatchStore, Protocol):
         same transaction, until :meth:`take_secret` removes it (or the invocation ends other
         than ``paused``, which removes its secrets).
 
-        Raises :class:`~trio_agents.InvocationNotFound`.  Wakes :meth:`wait_for_requests`
-        (in other processes too, where the store can).
+        An end that stands, of an invocation that has an owner (it runs, or ran in a process
+        that died without ending it), appends a ``gate`` :class:`Change` for that owner in the
+        same transaction and wakes the owner's :meth:`wait_for_requests` (in other processes
+        too, where the store can).  A paused invocation has no owner: its resume reads the end.
+
+        Raises :class:`~trio_agents.InvocationNotFound`.
         """
         ...
 
@@ -504,10 +572,10 @@ class Store(BatchStore, Protocol):
         decision loses cleanly - or wins cleanly.  Raises
         :class:`~trio_agents.InvocationNotFound`.
 
-        Does not wake :meth:`wait_for_requests`: the one reader of a gate's end is the
-        invocation's owner, and these ends are its own (a cancel's, which it wrote, or an
-        expiry, which its wait finds at the gate's ``expires_at`` anyway).  A mass cancel
-        writes many; each would wake every watcher to read all of its ids again.
+        Appends no :class:`Change` and wakes no :meth:`wait_for_requests`: the one reader of
+        a gate's end is the invocation's owner, and these ends are its own (a cancel's, which
+        it wrote, or an expiry, which its wait finds at the gate's ``expires_at`` anyway).  A
+        mass cancel writes many, which no watcher needs to read.
         """
         ...
 
@@ -528,25 +596,57 @@ class Store(BatchStore, Protocol):
     async def requests_for(
         self, invocation_ids: Sequence[str], parked_ids: Sequence[str]
     ) -> Requests:
-        """The watcher's read, in one call (one transaction where the store has them): the
-        pending cancel requests of ``invocation_ids`` (as :meth:`cancel_requests`) and the
-        decisions of ``parked_ids`` (as :meth:`decisions_for`), both as of the same moment.
-        Either list may be empty; unknown ids have none."""
+        """Everything pending, in one call (one transaction where the store has them): the
+        cancel requests of ``invocation_ids`` (as :meth:`cancel_requests`) and the decisions
+        of ``parked_ids`` (as :meth:`decisions_for`), both as of the same moment.  Either list
+        may be empty; unknown ids have none.  What a watcher reads when it fell behind the
+        changes feed (:attr:`Changes.behind`): it costs what is asked, so the feed is the
+        ordinary way."""
+        ...
+
+    async def changes_head(self) -> int:
+        """The id of the newest :class:`Change` ever appended (``0`` before the first): a
+        watcher that starts reading after it sees every change appended from now on."""
+        ...
+
+    async def read_changes(self, owner: str, *, after: int, limit: int = 256) -> Changes:
+        """The changes after ``after`` (a cursor: :meth:`changes_head`, or a previous read's
+        :attr:`Changes.cursor`) that were appended for ``owner`` and whose invocation
+        ``owner`` still owns now, oldest first, at most ``limit``, with what they point at;
+        see :class:`Changes`.  One read (one indexed query for the SQL stores): it costs what
+        changed for ``owner`` since ``after``, nothing when nothing did, however many
+        invocations ``owner`` runs.
+
+        Raises :class:`~trio_agents.UsageError` for a ``limit`` that is not an int >= 1 or an
+        ``after`` that is not an int >= 0.
+        """
+        ...
+
+    async def prune_changes(self, *, older_than: float) -> int:
+        """Delete the changes appended more than ``older_than`` seconds ago (the store's
+        clock), oldest first, and the ones before them; return how many.  A watcher whose
+        cursor is among those deleted is told it fell behind (:attr:`Changes.behind`).
+        """
         ...
 
     # `timeout` is the longest a caller goes without re-polling (a store that cannot be woken
     # simply sleeps it), not a deadline to give up at: returning after it is the normal outcome.
-    async def wait_for_requests(self, *, timeout: float) -> None:  # noqa: ASYNC109
-        """Return when a cancel request or an approval decision may have arrived, else after
-        ``timeout`` seconds.
+    async def wait_for_requests(
+        self,
+        *,
+        timeout: float,  # noqa: ASYNC109
+        owner: str | None = None,
+    ) -> None:
+        """Return when a cancel request or a gate end for ``owner``'s invocations (for
+        anyone's, with ``owner=None``) may have arrived, else after ``timeout`` seconds.
 
-        The owner of running invocations loops: read :meth:`requests_for` (the cancel
-        requests, and the decisions of invocations waiting for one), act on them, then wait
-        here.
-        Wakeups may be spurious and a store may simply sleep (SQLite), so always re-read after
-        this returns.  Where the store can tell (memory, PostgreSQL), a request made since the
-        previous wait returned wakes the next wait at once.  On cancel the wait ends at once
-        and nothing is left behind.
+        The owner of running invocations loops: read :meth:`read_changes`, act on what it
+        found, then wait here.  Wakeups may be spurious and a store may simply sleep (SQLite),
+        so always re-read after this returns.  Where the store can tell (memory, PostgreSQL),
+        a change appended for ``owner`` since the previous wait for ``owner`` returned wakes
+        the next one at once, and a change appended for another owner does not wake it; the
+        first wait for an owner starts the count (make one with ``timeout=0`` before the
+        first read).  On cancel the wait ends at once and nothing is left behind.
         """
         ...
 

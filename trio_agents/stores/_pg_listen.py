@@ -1,13 +1,16 @@
 """One ``LISTEN``ing PostgreSQL connection shared by every waiter of a :class:`PostgresStore`.
 
-Waiters are of two kinds: :meth:`Listener.wait_requests` (cancel requests and approval
-decisions, the requests channel) and :meth:`Listener.wait_events` (events of one invocation,
-the events channel, payload = the invocation id).  There may be hundreds at once; none of them
-owns a thread.
+Waiters are of two kinds: :meth:`Listener.wait_requests` (changes to the feed - cancel
+requests and gate ends - on the requests channel, payload = their owner's
+:func:`._pg_tx.owner_key`: of one owner, or of anyone's) and :meth:`Listener.wait_events`
+(events of one invocation, the events channel, payload = the invocation id).  There may be
+hundreds at once; none of them owns a thread.  A notification for one owner wakes the waiter
+of that owner (and those waiting for anyone's), not another owner's.
 
 How they share one socket (trio lets one task at a time wait for it to be readable): whichever
 waiter finds nobody *pumping* becomes the pump - it reads the notifications the connection
-holds, counts them (a counter for requests, one per watched invocation), wakes the waiters
+holds, counts them (a counter for anyone's requests, one per owner that waited, one per
+watched invocation), wakes the waiters
 whose counter moved (a ``ParkingLot`` each), and waits for the socket again.  The other
 waiters park.  When the pump leaves (its own counter moved, its timeout, a cancel), it wakes
 one parked waiter, which takes over.
@@ -22,6 +25,7 @@ the next wait reconnects.
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Final
 
@@ -30,6 +34,7 @@ import trio
 from psycopg.rows import TupleRow
 
 from .._exceptions import UsageError
+from ._pg_tx import owner_key
 
 __all__ = ["Listener"]
 
@@ -37,13 +42,15 @@ Conn = psycopg.Connection[TupleRow]
 
 
 class _Watch:
-    """A counter of notifications and the waiters parked until it moves."""
+    """A counter of notifications and the waiters parked until it moves; ``seen``: the count
+    when a requests wait last returned (those only)."""
 
-    __slots__ = ("count", "lot", "refs")
+    __slots__ = ("count", "lot", "refs", "seen")
 
     def __init__(self) -> None:
         self.count = 0
         self.refs = 0
+        self.seen = 0
         self.lot: Final = trio.lowlevel.ParkingLot()
 
 
@@ -68,9 +75,10 @@ class Listener:
         self._closed = False
         self._pumping = False
         self._broken = 0  # times the connection was lost or closed: wakes every waiter
-        self._requests = _Watch()
-        self._requests_seen = 0  # _requests.count when a requests wait last returned
-        self._watches: dict[str, _Watch] = {}
+        self._requests = _Watch()  # anyone's
+        # By owner key: one per owner that ever waited here (a runner's: a few per process).
+        self._owners: dict[str, _Watch] = {}
+        self._watches: dict[str, _Watch] = {}  # by invocation, while someone watches it
 
     @property
     def listening(self) -> bool:
@@ -95,7 +103,7 @@ class Listener:
         conn, self._conn = self._conn, None
         self._broken += 1
         self._requests.lot.unpark_all()
-        for watch in self._watches.values():
+        for watch in itertools.chain(self._owners.values(), self._watches.values()):
             watch.lot.unpark_all()
         if conn is not None:
             trio.lowlevel.notify_closing(conn[1])  # wakes the pump with ClosedResourceError
@@ -124,15 +132,24 @@ class Listener:
         """Return once ``watch.count != mark`` (or the connection broke since ``broken``)."""
         await self._wait(watch, mark, broken)
 
-    async def wait_requests(self, timeout: float) -> None:  # noqa: ASYNC109
-        """Return when a request notification arrived since the last such wait returned (or
-        since this one began), or the connection broke, or after ``timeout``."""
-        seen = self._requests_seen
+    async def wait_requests(
+        self,
+        timeout: float,  # noqa: ASYNC109
+        owner: str | None = None,
+    ) -> None:
+        """Return when a request notification for ``owner`` (anyone's, with ``None``) arrived
+        since the last such wait returned (or since the first one began), or the connection
+        broke, or after ``timeout``."""
+        if owner is None:
+            watch = self._requests
+        else:
+            watch = self._owners.setdefault(owner_key(owner), _Watch())
+        seen = watch.seen
         await self.start()  # outside the timeout: even a 0 s wait starts listening
         with trio.move_on_after(timeout):
-            if self._requests.count == seen:
-                await self._wait(self._requests, seen, self._broken)
-        self._requests_seen = self._requests.count
+            if watch.count == seen:
+                await self._wait(watch, seen, self._broken)
+        watch.seen = watch.count
 
     async def _wait(self, watch: _Watch, mark: int, broken: int) -> None:
         while watch.count == mark and self._broken == broken:
@@ -152,7 +169,7 @@ class Listener:
         if self._requests.lot:
             self._requests.lot.unpark()
             return
-        for watch in self._watches.values():
+        for watch in itertools.chain(self._owners.values(), self._watches.values()):
             if watch.lot:
                 watch.lot.unpark()
                 return
@@ -172,14 +189,19 @@ class Listener:
         if notes:
             for note in notes:
                 if note.channel == self._requests_channel:
-                    watch: _Watch | None = self._requests
+                    _count(self._requests)
+                    watch = self._owners.get(note.payload)
                 else:
                     watch = self._watches.get(note.payload)
                 if watch is not None:
-                    watch.count += 1
-                    watch.lot.unpark_all()
+                    _count(watch)
             return
         try:
             await trio.lowlevel.wait_readable(fd)
         except trio.ClosedResourceError:  # aclose() or a drop closed the listener
             self._broken += 1
+
+
+def _count(watch: _Watch) -> None:
+    watch.count += 1
+    watch.lot.unpark_all()

@@ -1,6 +1,6 @@
 """PostgreSQL plumbing of :class:`~trio_agents.stores.PostgresStore`: the transaction adapter
 the SQL operations run on (``?`` placeholders become ``%s``; ``NOTIFY`` on the two channels),
-and the channel names.
+the channel names, and the requests channel's payload (:func:`owner_key`).
 
 Every value the operations bind passes through :class:`Tx`, so it is where text PostgreSQL
 cannot hold is refused: a string with U+0000 (NUL) - an id, an input, a reason - raises
@@ -22,7 +22,7 @@ from psycopg.rows import TupleRow
 
 from .._exceptions import UsageError
 
-__all__ = ["CHANNEL", "EVENTS_CHANNEL", "Tx", "channel_name"]
+__all__ = ["CHANNEL", "EVENTS_CHANNEL", "Tx", "channel_name", "owner_key"]
 
 Conn = psycopg.Connection[TupleRow]
 
@@ -36,6 +36,16 @@ def channel_name(base: str, schema: str | None) -> str:
     if len(channel.encode()) > 63:  # NAMEDATALEN
         channel = f"{base}:{hashlib.sha256(channel.encode()).hexdigest()[:40]}"
     return channel
+
+
+@lru_cache(maxsize=256)
+def owner_key(owner: str) -> str:
+    """The requests channel's payload for a change of ``owner``'s (and what its waiter looks
+    for): the owner itself, or a hash of it when it is long (a payload is at most 8000
+    bytes; an owner is usually ``host:pid:suffix``)."""
+    if len(owner.encode()) <= 200:
+        return owner
+    return "#" + hashlib.sha256(owner.encode()).hexdigest()
 
 
 @lru_cache(maxsize=256)
@@ -55,6 +65,7 @@ class Tx:
     for_update = " FOR UPDATE"
     for_key_share = " FOR KEY SHARE"
     code_order = ' COLLATE "C"'
+    modifying_with = True
 
     def __init__(
         self, conn: Conn, clock: Callable[[], float] | None, channels: tuple[str, str]
@@ -90,8 +101,8 @@ class Tx:
         with self._conn.cursor() as cursor:
             cursor.executemany(_pg(query), params)
 
-    def notify(self, invocation_id: str) -> None:
-        self._conn.execute("SELECT pg_notify(%s, %s)", (self._channel, invocation_id))
+    def notify(self, owner: str) -> None:
+        self._conn.execute("SELECT pg_notify(%s, %s)", (self._channel, owner_key(owner)))
 
     def notify_events(self, invocation_id: str) -> None:
         self._conn.execute("SELECT pg_notify(%s, %s)", (self._events_channel, invocation_id))

@@ -47,6 +47,7 @@ from ._base import (
 __all__ = [
     "SESSION_ENTRY_VERSION",
     "apply_state_delta",
+    "check_cursor",
     "check_json_object",
     "check_limit",
     "check_orphan",
@@ -182,6 +183,14 @@ def check_limit(limit: object) -> int:
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
         raise UsageError(f"limit must be an int >= 0, got {limit!r}")
     return limit
+
+
+def check_cursor(after: object, limit: object) -> None:
+    """The arguments of :meth:`Store.read_changes`: a cursor (an int >= 0) and a limit (>= 1)."""
+    if not isinstance(after, int) or isinstance(after, bool) or after < 0:
+        raise UsageError(f"after must be a cursor of the changes feed (an int >= 0), got {after!r}")
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise UsageError(f"limit must be an int >= 1, got {limit!r}")
 
 
 def next_entry(

@@ -30,6 +30,14 @@ The lock order
     4. ``batches`` and ``batch_jobs`` (:mod:`._sql_batch`) are never locked in a transaction
        with the tables above: batch rows (sorted), then their job rows under their lock, or
        job rows ``FOR UPDATE SKIP LOCKED`` (a claim: it never waits).
+    5. The changes feed's one ``changes_head`` row, last of all: a transaction that appends
+       a change (:func:`append_change`, from :func:`request_cancel` and
+       :func:`record_decision`) takes it as its last lock and holds it to its commit, which
+       is what numbers the changes in commit order (see :mod:`._sql_feed`).  After it, the
+       transaction only inserts the change row (whose id no one else can hold) and commits:
+       it waits for nothing more, so it cannot close a circle.  Pruning
+       (:func:`._sql_feed.prune_changes`) deletes old ``changes`` rows, which no other
+       transaction locks, and takes no other lock.
 
     A statement that changes many rows (``UPDATE ... WHERE id IN (...)``) locks them in the
     order its plan meets them, not the list's: it runs only on rows this transaction locked
@@ -38,7 +46,8 @@ The lock order
     IMMEDIATE``), so there the order costs nothing and changes nothing.
 
 This module holds the schema, invocation records, leases, cancel requests and approval
-decisions; :mod:`._sql_journal` the journal (group commit, reads, a durable start) and
+decisions (and appends their changes to the feed); :mod:`._sql_feed` reads and prunes the
+changes feed, :mod:`._sql_journal` the journal (group commit, reads, a durable start) and
 :mod:`._sql_sessions` the sessions.
 
 The schema is created and migrated by :func:`migrate` from :data:`MIGRATIONS`, an ordered list:
@@ -58,6 +67,7 @@ from ..events import CANCEL_MODES, GATE_STATES
 from ._base import (
     ApprovalDecision,
     CancelRequest,
+    ChangeKind,
     InvocationRecord,
     InvocationStatus,
     Lease,
@@ -68,10 +78,15 @@ from ._sql_sessions import claim_session
 from ._sql_tx import Tx as Tx
 
 __all__ = [
+    "CANCEL_COLUMNS",
     "CHUNK",
+    "DECISION_COLUMNS",
     "MIGRATIONS",
     "Tx",
+    "append_change",
+    "cancel_of",
     "chunks",
+    "decision_of",
     "fenced",
     "lock_in_order",
     "locked",
@@ -214,6 +229,22 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     ),
     # 8: what a recovering runner asks - running invocations whose lease lapsed (orphans).
     ("CREATE INDEX invocations_by_lease ON invocations (status, lease_expires_at)",),
+    # 9: the changes feed (cancel requests and gate ends, numbered in commit order, read by
+    # owner and cursor; see ._sql_feed) and its head, the one row that numbers them.  No
+    # foreign key: a change outlives nothing (pruned by age) and a read joins the invocation.
+    (
+        """CREATE TABLE changes (
+            id BIGINT PRIMARY KEY,
+            invocation_id TEXT NOT NULL,
+            owner TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            gate_id TEXT,
+            at DOUBLE PRECISION NOT NULL
+        )""",
+        "CREATE INDEX changes_by_owner ON changes (owner, id)",
+        "CREATE TABLE changes_head (last_id BIGINT NOT NULL)",
+        "INSERT INTO changes_head (last_id) VALUES (0)",
+    ),
 )
 
 _COLUMNS: Final = (
@@ -446,7 +477,8 @@ def renew_leases(tx: Tx, leases: Sequence[Lease], ttl: float) -> list[Lease | Le
 # ---- cancel requests ----------------------------------------------------------------------
 
 
-def _cancel(row: Sequence[Any]) -> CancelRequest:
+def cancel_of(row: Sequence[Any]) -> CancelRequest:
+    """A stored cancel request, from its :data:`CANCEL_COLUMNS`."""
     if row[1] not in CANCEL_MODES:
         raise CorruptRecordError(f"cancel request of {row[0]!r} has an unknown mode {row[1]!r}")
     return CancelRequest(
@@ -459,24 +491,57 @@ def _cancel(row: Sequence[Any]) -> CancelRequest:
     )
 
 
-_CANCEL_COLUMNS: Final = "invocation_id, mode, reason, requested_by, requested_at, grace"
+CANCEL_COLUMNS: Final = "invocation_id, mode, reason, requested_by, requested_at, grace"
+
+
+def append_change(
+    tx: Tx, invocation_id: str, owner: str, kind: ChangeKind, gate_id: str | None = None
+) -> None:
+    """Append a change for ``owner`` to the feed and wake ``owner``'s watcher on commit: the
+    last thing its transaction does (the lock order's last lock: see the module docstring).
+
+    The head row is locked by the ``UPDATE`` until the commit, so the next appender numbers
+    its change only once this one is visible: ids become visible in their order, with no
+    gaps (a rolled-back append rolls its number back too).  On PostgreSQL that queues the
+    appenders from here to their commit; they queue at their commit anyway, for the
+    ``NOTIFY`` (PostgreSQL commits notifying transactions one at a time), so the lock is
+    taken by the last statement before the commit (one ``WITH``), the ``NOTIFY`` and the
+    clock read before it.
+    """
+    params = (invocation_id, owner, kind, gate_id, tx.now())
+    tx.notify(owner)
+    if tx.modifying_with:
+        tx.run(
+            "WITH head AS (UPDATE changes_head SET last_id = last_id + 1 RETURNING last_id)"
+            " INSERT INTO changes (id, invocation_id, owner, kind, gate_id, at)"
+            " SELECT last_id, ?, ?, ?, ?, ? FROM head",
+            params,
+        )
+    else:
+        tx.run("UPDATE changes_head SET last_id = last_id + 1")
+        tx.run(
+            "INSERT INTO changes (id, invocation_id, owner, kind, gate_id, at)"
+            " SELECT last_id, ?, ?, ?, ?, ? FROM changes_head",
+            params,
+        )
 
 
 def request_cancel(tx: Tx, request: CancelRequest) -> bool:
     rows = tx.rows(
-        f"SELECT status FROM invocations WHERE id = ?{tx.for_update}", (request.invocation_id,)
+        f"SELECT status, owner FROM invocations WHERE id = ?{tx.for_update}",
+        (request.invocation_id,),
     )
     if not rows or rows[0][0] != "running":
         return False
     old = tx.rows(
-        f"SELECT {_CANCEL_COLUMNS} FROM cancel_requests WHERE invocation_id = ?",
+        f"SELECT {CANCEL_COLUMNS} FROM cancel_requests WHERE invocation_id = ?",
         (request.invocation_id,),
     )
     if not request.requested_at:
         request = attrs.evolve(request, requested_at=tx.now())
-    merged = merge_cancel(_cancel(old[0]) if old else None, request)
+    merged = merge_cancel(cancel_of(old[0]) if old else None, request)
     tx.run(
-        f"INSERT INTO cancel_requests ({_CANCEL_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)"
+        f"INSERT INTO cancel_requests ({CANCEL_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)"
         " ON CONFLICT (invocation_id) DO UPDATE SET mode = excluded.mode,"
         " reason = excluded.reason, grace = excluded.grace",
         (
@@ -488,7 +553,8 @@ def request_cancel(tx: Tx, request: CancelRequest) -> bool:
             merged.grace,
         ),
     )
-    tx.notify(request.invocation_id)
+    if rows[0][1] is not None:
+        append_change(tx, request.invocation_id, rows[0][1], "cancel")
     return True
 
 
@@ -496,16 +562,16 @@ def cancel_requests(tx: Tx, invocation_ids: Sequence[str]) -> list[CancelRequest
     found: dict[str, CancelRequest] = {}
     for chunk, marks in chunks(invocation_ids):
         for row in tx.rows(
-            f"SELECT {_CANCEL_COLUMNS} FROM cancel_requests WHERE invocation_id IN ({marks})",
+            f"SELECT {CANCEL_COLUMNS} FROM cancel_requests WHERE invocation_id IN ({marks})",
             chunk,
         ):
-            found[row[0]] = _cancel(row)
+            found[row[0]] = cancel_of(row)
     return [found[i] for i in invocation_ids if i in found]
 
 
 # ---- approval decisions -------------------------------------------------------------------
 
-_DECISION_COLUMNS: Final = (
+DECISION_COLUMNS: Final = (
     "invocation_id, approval_id, approved, reason, decided_by, decided_at, state, arguments, result"
 )
 _GATE_STATES: Final = frozenset(GATE_STATES)
@@ -514,7 +580,7 @@ _GATE_STATES: Final = frozenset(GATE_STATES)
 def _insert_decision(tx: Tx, decision: ApprovalDecision) -> bool:
     return bool(
         tx.run(
-            f"INSERT INTO approval_decisions ({_DECISION_COLUMNS})"
+            f"INSERT INTO approval_decisions ({DECISION_COLUMNS})"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
             " ON CONFLICT (invocation_id, approval_id) DO NOTHING",
             (
@@ -534,9 +600,11 @@ def _insert_decision(tx: Tx, decision: ApprovalDecision) -> bool:
 
 def record_decision(tx: Tx, decision: ApprovalDecision, secret: str | None = None) -> bool:
     # The invocation first (the lock order: see the module docstring), as end_gates does.
-    if not tx.rows(
-        f"SELECT 1 FROM invocations WHERE id = ?{tx.for_key_share}", (decision.invocation_id,)
-    ):
+    # FOR KEY SHARE waits for a takeover (FOR UPDATE) to commit, then reads its new owner.
+    found = tx.rows(
+        f"SELECT owner FROM invocations WHERE id = ?{tx.for_key_share}", (decision.invocation_id,)
+    )
+    if not found:
         raise InvocationNotFound(f"no invocation with id {decision.invocation_id!r}")
     inserted = _insert_decision(tx, decision)
     if inserted:
@@ -545,7 +613,8 @@ def record_decision(tx: Tx, decision: ApprovalDecision, secret: str | None = Non
                 "INSERT INTO gate_secrets (invocation_id, gate_id, secret) VALUES (?, ?, ?)",
                 (decision.invocation_id, decision.approval_id, secret),
             )
-        tx.notify(decision.invocation_id)
+        if found[0][0] is not None:
+            append_change(tx, decision.invocation_id, found[0][0], "gate", decision.approval_id)
     return inserted
 
 
@@ -566,11 +635,11 @@ def end_gates(tx: Tx, decisions: Sequence[ApprovalDecision]) -> list[ApprovalDec
         decision = decisions[k]
         _insert_decision(tx, decision)
         rows = tx.rows(
-            f"SELECT {_DECISION_COLUMNS} FROM approval_decisions"
+            f"SELECT {DECISION_COLUMNS} FROM approval_decisions"
             " WHERE invocation_id = ? AND approval_id = ?",
             (decision.invocation_id, decision.approval_id),
         )
-        standing[k] = _decision(rows[0])
+        standing[k] = decision_of(rows[0])
     return cast(list[ApprovalDecision], standing)
 
 
@@ -592,7 +661,8 @@ def take_secret(tx: Tx, invocation_id: str, gate_id: str) -> str | None:
     return str(rows[0][0])
 
 
-def _decision(row: Sequence[Any]) -> ApprovalDecision:
+def decision_of(row: Sequence[Any]) -> ApprovalDecision:
+    """A stored gate end, from its :data:`DECISION_COLUMNS`."""
     state = row[6] if row[6] is not None else ("approved" if row[2] else "denied")
     if state not in _GATE_STATES:
         raise CorruptRecordError(f"gate {row[1]!r} of {row[0]!r} has an unknown state {state!r}")
@@ -611,11 +681,11 @@ def _decision(row: Sequence[Any]) -> ApprovalDecision:
 
 def decisions(tx: Tx, invocation_id: str) -> list[ApprovalDecision]:
     rows = tx.rows(
-        f"SELECT {_DECISION_COLUMNS} FROM approval_decisions WHERE invocation_id = ?"
+        f"SELECT {DECISION_COLUMNS} FROM approval_decisions WHERE invocation_id = ?"
         " ORDER BY decided_at, approval_id",
         (invocation_id,),
     )
-    return [_decision(row) for row in rows]
+    return [decision_of(row) for row in rows]
 
 
 def requests_for(tx: Tx, invocation_ids: Sequence[str], parked_ids: Sequence[str]) -> Requests:
@@ -630,9 +700,9 @@ def decisions_for(tx: Tx, invocation_ids: Sequence[str]) -> list[ApprovalDecisio
     found: dict[str, list[ApprovalDecision]] = {}
     for chunk, marks in chunks(invocation_ids):
         for row in tx.rows(
-            f"SELECT {_DECISION_COLUMNS} FROM approval_decisions WHERE invocation_id IN ({marks})"
+            f"SELECT {DECISION_COLUMNS} FROM approval_decisions WHERE invocation_id IN ({marks})"
             " ORDER BY decided_at, approval_id",
             chunk,
         ):
-            found.setdefault(row[0], []).append(_decision(row))
+            found.setdefault(row[0], []).append(decision_of(row))
     return [d for i in dict.fromkeys(invocation_ids) for d in found.get(i, [])]

@@ -24,6 +24,10 @@ class Tx(Protocol):
     by code point: ``' COLLATE "C"'`` on PostgreSQL (whose default collation may be a
     locale's), ``""`` on SQLite (``BINARY`` compares UTF-8 bytes: code point order)."""
 
+    modifying_with: bool
+    """Whether a ``WITH`` clause may hold an ``UPDATE`` (PostgreSQL), so one statement can
+    change a row and insert what it returned."""
+
     began: float
     """``time.monotonic()`` in this process at or before the moment :meth:`now` reads the
     store's clock, and after any wait of the call before its transaction (a queue, a pool):
@@ -42,8 +46,9 @@ class Tx(Protocol):
 
     def run_many(self, sql: str, params: Sequence[Sequence[Any]]) -> None: ...
 
-    def notify(self, invocation_id: str) -> None:
-        """Wake other processes' :meth:`Store.wait_for_requests`, on commit."""
+    def notify(self, owner: str) -> None:
+        """Wake :meth:`Store.wait_for_requests` of ``owner`` (and those waiting for anyone's)
+        in every process, on commit."""
         ...
 
     def notify_events(self, invocation_id: str) -> None:

@@ -8,13 +8,15 @@ checks everything before it changes anything, so a rejected write changes nothin
 
 Waits (:meth:`MemoryStore.wait_for_requests`, :meth:`MemoryStore.wait_for_events`) are on trio
 time, so they run under ``autojump_clock``; a commit wakes the waiters of the invocations it
-wrote.
+wrote, and a change appended to the changes feed wakes the waiter of its owner (and those who
+wait for anyone's).  The feed is kept per owner, so a read costs what changed for the owner.
 """
 
 from __future__ import annotations
 
 import bisect
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 
 import attrs
@@ -32,6 +34,9 @@ from ._base import (
     JSON,
     ApprovalDecision,
     CancelRequest,
+    Change,
+    ChangeKind,
+    Changes,
     CommitResult,
     InvocationRecord,
     InvocationStatus,
@@ -44,6 +49,7 @@ from ._base import (
 from ._memory_batch import MemoryBatches, _Batch
 from ._records import (
     apply_state_delta,
+    check_cursor,
     check_json_object,
     check_limit,
     check_orphan,
@@ -78,7 +84,12 @@ class MemoryStore(MemoryBatches):
         self._cancels: dict[str, CancelRequest] = {}
         self._decisions: dict[str, dict[str, ApprovalDecision]] = {}  # invocation -> gate
         self._secrets: dict[tuple[str, str], str] = {}  # (invocation, gate) -> credential
-        self._poke = trio.Event()
+        self._poke = trio.Event()  # wait_for_requests of anyone's
+        self._pokes: dict[str, trio.Event] = {}  # wait_for_requests of one owner's, by owner
+        self._feed_head = 0  # the changes feed: the newest id appended
+        self._pruned_to = 0  # ... the newest id pruned
+        self._feed: deque[tuple[int, float, str]] = deque()  # (id, at, owner), oldest first
+        self._feed_of: dict[str, list[Change]] = {}  # owner -> its changes, oldest first
         self._readers: dict[str, trio.lowlevel.ParkingLot] = {}  # wait_for_events, by invocation
         self._sessions: dict[str, Session] = {}
         self._batches: dict[str, _Batch] = {}
@@ -401,7 +412,8 @@ class MemoryStore(MemoryBatches):
         request = attrs.evolve(request, requested_at=request.requested_at or self._clock())
         old = self._cancels.get(request.invocation_id)
         self._cancels[request.invocation_id] = merge_cancel(old, request)
-        self._poke.set()
+        if record.owner is not None:
+            self._append_change(request.invocation_id, record.owner, "cancel")
         return True
 
     async def cancel_requests(self, invocation_ids: Sequence[str]) -> list[CancelRequest]:
@@ -412,7 +424,7 @@ class MemoryStore(MemoryBatches):
         self, decision: ApprovalDecision, *, secret: str | None = None
     ) -> bool:
         await trio.lowlevel.checkpoint()
-        self._get(decision.invocation_id)
+        record = self._get(decision.invocation_id)
         decided = self._decisions.setdefault(decision.invocation_id, {})
         if decision.approval_id in decided:
             return False
@@ -421,7 +433,8 @@ class MemoryStore(MemoryBatches):
         )
         if secret is not None:
             self._secrets[(decision.invocation_id, decision.approval_id)] = secret
-        self._poke.set()
+        if record.owner is not None:
+            self._append_change(decision.invocation_id, record.owner, "gate", decision.approval_id)
         return True
 
     async def end_gates(self, decisions: Sequence[ApprovalDecision]) -> list[ApprovalDecision]:
@@ -469,18 +482,101 @@ class MemoryStore(MemoryBatches):
             decisions=self._decisions_of(parked_ids),
         )
 
+    # ---- the changes feed --------------------------------------------------------------------
+
+    def _append_change(
+        self, invocation_id: str, owner: str, kind: ChangeKind, gate_id: str | None = None
+    ) -> None:
+        self._feed_head += 1
+        change = Change(id=self._feed_head, invocation_id=invocation_id, kind=kind, gate_id=gate_id)
+        self._feed.append((change.id, self._clock(), owner))
+        self._feed_of.setdefault(owner, []).append(change)
+        self._poke.set()
+        poke = self._pokes.get(owner)
+        if poke is not None:
+            poke.set()
+
+    async def changes_head(self) -> int:
+        await trio.lowlevel.checkpoint()
+        return self._feed_head
+
+    async def read_changes(self, owner: str, *, after: int, limit: int = 256) -> Changes:
+        await trio.lowlevel.checkpoint()
+        check_cursor(after, limit)
+        mine = self._feed_of.get(owner, [])
+        start = bisect.bisect_right(mine, after, key=_change_id)
+        found: list[Change] = []
+        cancels: dict[str, CancelRequest] = {}
+        decisions: list[ApprovalDecision] = []
+        for change in mine[start:]:
+            if len(found) == limit:
+                break
+            record = self._records.get(change.invocation_id)
+            if record is None or record.owner != owner:  # owned by another now, or ended
+                continue
+            found.append(change)
+            if change.kind == "cancel":
+                request = self._cancels.get(change.invocation_id)
+                if request is not None:
+                    cancels.setdefault(change.invocation_id, request)
+            elif change.gate_id is not None:
+                decision = self._decisions.get(change.invocation_id, {}).get(change.gate_id)
+                if decision is not None:
+                    decisions.append(decision)
+        more = len(found) == limit and found[-1].id < self._feed_head
+        return Changes(
+            cursor=found[-1].id if more else self._feed_head,
+            changes=found,
+            requests=Requests(cancels=cancels.values(), decisions=decisions),
+            more=more,
+            behind=after < self._pruned_to or after > self._feed_head,
+        )
+
+    async def prune_changes(self, *, older_than: float) -> int:
+        await trio.lowlevel.checkpoint()
+        cutoff = self._clock() - older_than
+        feed = self._feed
+        owners: set[str] = set()
+        pruned = 0
+        while feed and feed[0][1] < cutoff:
+            change_id, _, owner = feed.popleft()
+            self._pruned_to = change_id
+            owners.add(owner)
+            pruned += 1
+        for owner in owners:
+            mine = self._feed_of[owner]
+            del mine[: bisect.bisect_right(mine, self._pruned_to, key=_change_id)]
+            if not mine:
+                del self._feed_of[owner]
+        return pruned
+
     # `timeout` is the longest a caller goes without re-polling (a store that cannot be woken
     # simply sleeps it), not a deadline to give up at: returning after it is the normal outcome.
-    async def wait_for_requests(self, *, timeout: float) -> None:  # noqa: ASYNC109
-        """Wait (trio time) until a cancel request or a decision is recorded, or ``timeout``.
+    async def wait_for_requests(
+        self,
+        *,
+        timeout: float,  # noqa: ASYNC109
+        owner: str | None = None,
+    ) -> None:
+        """Wait (trio time) until a change is appended for ``owner`` (anyone's, with ``None``),
+        or ``timeout``.
 
-        A request made since the previous wait returned wakes this one at once.
+        A change appended since the previous wait (for the same ``owner``) returned wakes this
+        one at once; the first wait for an owner starts counting.  One event is kept per owner
+        that ever waited.
         """
-        poke = self._poke
+        if owner is None:
+            poke = self._poke
+        else:
+            poke = self._pokes.setdefault(owner, trio.Event())
         with trio.move_on_after(timeout):
             await poke.wait()
-        if poke.is_set() and self._poke is poke:
-            self._poke = trio.Event()
+        if poke.is_set():
+            if owner is None:
+                if self._poke is poke:
+                    self._poke = trio.Event()
+            elif self._pokes.get(owner) is poke:
+                self._pokes[owner] = trio.Event()
 
     # ---- sessions --------------------------------------------------------------------------
 
@@ -591,3 +687,7 @@ def _copy_session(session: Session) -> Session:
 
 def _event_key(event: Event) -> EventId:
     return (event.seq, event.sub)
+
+
+def _change_id(change: Change) -> int:
+    return change.id

@@ -17,11 +17,14 @@ Transactions and fencing
     row locks in one global order - invocations sorted by id across the whole call, then
     sessions sorted by id, then the rows that hang off them; batches apart (see :mod:`._sql`)
     - so no two transactions, of any processes, can deadlock on each other's locks.
-    ``request_cancel`` and ``record_decision`` send ``NOTIFY`` on the requests channel
-    (``trio_agents_cancel``), and a commit that stores events sends one per invocation on the
-    events channel (``trio_agents_events``, payload: the invocation id), in their transaction:
-    it is delivered on commit, to every process.  With ``schema=``, both channel names get
-    ``:<schema>`` appended (hashed when too long), so schemas do not wake each other.
+    ``request_cancel`` and ``record_decision`` append a change to the changes feed
+    (:mod:`._sql_feed`) and send ``NOTIFY`` on the requests channel (``trio_agents_cancel``,
+    payload: the invocation's owner, hashed when long), and a commit that stores events sends
+    one per invocation on the events channel (``trio_agents_events``, payload: the
+    invocation id), in their transaction: it is delivered on commit, to every process, and
+    wakes only the waiters it concerns (that owner's watcher; those following that
+    invocation).  With ``schema=``, both channel names get ``:<schema>`` appended (hashed
+    when too long), so schemas do not wake each other.
 
 Conflicts
     A transaction that PostgreSQL ends with a deadlock (SQLSTATE ``40P01``: possible only
@@ -77,11 +80,12 @@ from psycopg.rows import TupleRow
 
 from .._exceptions import LeaseError, StoreError, StoreUnavailableError, UsageError
 from ..events import Event, EventId
-from . import _sql, _sql_journal, _sql_sessions
+from . import _sql, _sql_feed, _sql_journal, _sql_sessions
 from ._base import (
     JSON,
     ApprovalDecision,
     CancelRequest,
+    Changes,
     CommitResult,
     InvocationRecord,
     InvocationStatus,
@@ -413,20 +417,26 @@ class PostgresStore(SQLBatches):
             await trio.to_thread.run_sync(conn.close)
 
     # See Store.wait_for_requests: `timeout` is a poll interval, not a deadline.
-    async def wait_for_requests(self, *, timeout: float) -> None:  # noqa: ASYNC109
+    async def wait_for_requests(
+        self,
+        *,
+        timeout: float,  # noqa: ASYNC109
+        owner: str | None = None,
+    ) -> None:
         """Wait for a ``NOTIFY`` from :meth:`request_cancel` or :meth:`record_decision` (any
-        process), or ``timeout``.
+        process) of a change for ``owner`` (for anyone, with ``None``), or ``timeout``.
 
         The first call starts listening (on a connection of its own, shared with
-        :meth:`wait_for_events`, even with ``timeout=0``); requests made before that are not
-        seen here - poll :meth:`cancel_requests` first.  Waits on the listening connection's
-        socket in trio (no thread): a cancel ends it at once.  Notifications that arrive
-        between waits are counted (or queue on the connection), so a request made since the
-        last wait returned wakes the next one at once.  A lost listening connection counts as
-        a wakeup (we may have missed a notification); the next wait reconnects and raises
+        :meth:`wait_for_events`, even with ``timeout=0``); changes made before that are not
+        seen here - read the feed first.  Waits on the listening connection's socket in trio
+        (no thread): a cancel ends it at once.  Notifications that arrive between waits are
+        counted per owner (or queue on the connection), so a change made since the last wait
+        for ``owner`` returned wakes the next one at once; the first wait for an owner starts
+        its count.  A lost listening connection counts as a wakeup (we may have missed a
+        notification); the next wait reconnects and raises
         :class:`~trio_agents.StoreUnavailableError` if it cannot.
         """
-        await self._listener.wait_requests(timeout)
+        await self._listener.wait_requests(timeout, owner)
 
     # See Store.wait_for_events: `timeout` is a poll interval, not a deadline.
     async def wait_for_events(
@@ -575,6 +585,17 @@ class PostgresStore(SQLBatches):
                 _sql.requests_for, invocation_ids=list(invocation_ids), parked_ids=list(parked_ids)
             )
         )
+
+    async def changes_head(self) -> int:
+        return await self._run(_sql_feed.changes_head)
+
+    async def read_changes(self, owner: str, *, after: int, limit: int = 256) -> Changes:
+        return await self._run(
+            partial(_sql_feed.read_changes, owner=owner, after=after, limit=limit)
+        )
+
+    async def prune_changes(self, *, older_than: float) -> int:
+        return await self._run(partial(_sql_feed.prune_changes, older_than=older_than))
 
     async def create_session(
         self,

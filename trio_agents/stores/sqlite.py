@@ -84,11 +84,12 @@ from .._exceptions import (
     UsageError,
 )
 from ..events import Event, EventId
-from . import _sql, _sql_journal, _sql_sessions
+from . import _sql, _sql_feed, _sql_journal, _sql_sessions
 from ._base import (
     JSON,
     ApprovalDecision,
     CancelRequest,
+    Changes,
     CommitResult,
     InvocationRecord,
     InvocationStatus,
@@ -126,6 +127,7 @@ class _Tx:
     for_update = ""
     for_key_share = ""
     code_order = ""  # BINARY: UTF-8 bytes, code point order
+    modifying_with = False
 
     def __init__(self, conn: sqlite3.Connection, clock: Callable[[], float]) -> None:
         self.began = time.monotonic()
@@ -147,7 +149,7 @@ class _Tx:
     def run_many(self, sql: str, params: Sequence[Sequence[Any]]) -> None:
         self._conn.executemany(sql, params)
 
-    def notify(self, invocation_id: str) -> None:
+    def notify(self, owner: str) -> None:
         pass  # waiters poll: see SQLiteStore.wait_for_requests
 
     def notify_events(self, invocation_id: str) -> None:
@@ -652,9 +654,31 @@ class SQLiteStore(SQLBatches):
             rows=len(invocation_ids) + len(parked_ids),
         )
 
+    async def changes_head(self) -> int:
+        return await self._run(_sql_feed.changes_head, write=False)
+
+    async def read_changes(self, owner: str, *, after: int, limit: int = 256) -> Changes:
+        """One indexed read (see :mod:`._sql_feed`): what a poll costs, found or not."""
+        return await self._run(
+            partial(_sql_feed.read_changes, owner=owner, after=after, limit=limit),
+            write=False,
+            rows=limit if isinstance(limit, int) else 1,
+        )
+
+    async def prune_changes(self, *, older_than: float) -> int:
+        return await self._run(
+            partial(_sql_feed.prune_changes, older_than=older_than), write=True, rows=ALL_ROWS
+        )
+
     # See Store.wait_for_requests: `timeout` is a poll interval, not a deadline.
-    async def wait_for_requests(self, *, timeout: float) -> None:  # noqa: ASYNC109
-        """Sleep ``timeout`` seconds: SQLite cannot wake us, so the caller polls."""
+    async def wait_for_requests(
+        self,
+        *,
+        timeout: float,  # noqa: ASYNC109
+        owner: str | None = None,
+    ) -> None:
+        """Sleep ``timeout`` seconds: SQLite cannot wake us, so the caller polls (one
+        indexed read of the feed per poll: :meth:`read_changes`)."""
         await trio.sleep(timeout)
 
     async def create_session(
