@@ -42,7 +42,7 @@ EXPECTED = {
     "journal": [r"sqlite +\d+ writes/s \| resume of a 40-turn journal +[\d.]+ ms"],
     "feed": [
         # PostgreSQL, unless the server is away.
-        r"n=\d+ +idle, runner-a: [\d.]+ statements/s \(.*read_changes.*\) \| CPU [\d.]+%"
+        r"n=\d+ +idle, runner-a: [\d.]+ statements/s \((.*read_changes.*)?\) \| CPU [\d.]+%"
         r"|PostgreSQL: skipped",
         r"request_cancel -> cancel applied in runner-a: p50 [\d.]+ p99 [\d.]+"
         r"|PostgreSQL: skipped",

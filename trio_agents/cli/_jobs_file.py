@@ -28,6 +28,7 @@ import fcntl
 import json
 import os
 import socket
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -167,15 +168,23 @@ def _lock(lock: Path, path: Path, batch_id: str) -> int:
 
 
 def _holder(fd: int) -> str:
-    """Who holds the lock, as its file says (it may not have said yet)."""
-    try:
-        about = json.loads(os.pread(fd, 4096, 0))
-        return (
-            f"pid {int(about['pid'])} on {about['host']}, batch {about['batch']}, "
-            f"since {about['since']}"
-        )
-    except (OSError, ValueError, KeyError, TypeError):
-        return "a process that has not said which yet"
+    """Who holds the lock, as its file says.  The holder writes it just after taking the lock,
+    so a file still empty is read again for up to :data:`_HOLDER_SAYS_WITHIN` seconds."""
+    give_up = time.monotonic() + _HOLDER_SAYS_WITHIN
+    while True:
+        try:
+            about = json.loads(os.pread(fd, 4096, 0))
+            return (
+                f"pid {int(about['pid'])} on {about['host']}, batch {about['batch']}, "
+                f"since {about['since']}"
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            if time.monotonic() >= give_up:
+                return "a process that has not said which yet"
+            time.sleep(0.01)
+
+
+_HOLDER_SAYS_WITHIN = 1.0
 
 
 class OutcomesFile:
