@@ -8,6 +8,10 @@
   and appends ``charge`` to ``EFFECTS_FILE`` - then streams its answer) and ``quick two``;
   die by SIGKILL once the answer after the charge streams.
 * ``hold``: open the loop, print ``ready`` and wait to be killed.
+* ``read``: a fresh process reading the loop's events (``runner.loop_events``), from the start
+  and from every cursor it was handed: each turn once, ids strictly increasing, at most one
+  ending per run, the same tail from every cursor; print ``read N events from M cursors`` (an
+  assertion names what failed otherwise).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from pathlib import Path
 import trio
 
 from trio_agents import Agent, Runner, tool
-from trio_agents.events import TextDelta, ToolCallFinished
+from trio_agents.events import Event, TextDelta, ToolCallFinished
 from trio_agents.messages import ModelRequest, ToolResultMessage, UserMessage
 from trio_agents.models import ScriptedModel, ScriptedTurn
 
@@ -50,7 +54,27 @@ def make_agent(effects: Path) -> Agent:
     return Agent(name="shop", model=ScriptedModel(script), tools=[charge])
 
 
+async def read(url: str) -> None:
+    from tests._helpers import check_loop_reading
+
+    async with Runner(store=url, owner="child-read") as reader:
+        everything: list[Event] = []
+        cursors: list[str] = []
+        stream = reader.loop_events("s1")
+        async for event in stream:
+            everything.append(event)
+            cursors.append(stream.cursor)
+        check_loop_reading(everything, "a fresh process, from the start")
+        for i, cursor in enumerate(cursors):
+            rest = [e async for e in reader.loop_events("s1", after=cursor)]
+            assert rest == everything[i + 1 :], f"a fresh process, from cursor {cursor!r}"
+    print(f"read {len(everything)} events from {len(cursors)} cursors", flush=True)
+
+
 async def main(mode: str, url: str, effects: Path) -> None:
+    if mode == "read":
+        await read(url)
+        return
     async with (
         Runner(store=url, owner=f"child-{mode}", lease_ttl=30) as runner,
         runner.open_turn_loop(make_agent(effects), session_id="s1") as loop,

@@ -9,6 +9,7 @@ re-opening in another process are at the end.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -774,6 +775,11 @@ async def test_a_process_killed_mid_turn_is_resumed_without_rerunning_its_tool(
     assert turns[0].turn_id == turns[1].turn_id
     assert (ends[1].status, ends[1].output) == ("completed", ORDER_ANSWER)
     assert_each_answered_once(after)
+    # A fresh process follows the loop from the start and from every cursor: the killed run's
+    # events once, then the resumed run's, one ending per run, ids never going back.
+    read = await child("read", url, effects)
+    assert read.returncode == 0, read
+    assert re.fullmatch(rb"read (\d+) events from \1 cursors\n", read.stdout), read.stdout
 
 
 async def test_a_second_process_opening_the_same_conversation_gets_lease_error(

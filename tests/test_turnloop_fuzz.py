@@ -20,9 +20,10 @@ opening answers whatever is left.  After every scenario:
 * every model request pairs each tool call with a result, and every tool result journaled in
   a turn is in every later turn's requests;
 * no task of a loop or of its turns is left;
-* a fresh process reading the loop's events, from the start and from cursors it was handed,
+* a fresh runner reading the loop's events, from the start and from cursors it was handed,
   reads each turn once: ids strictly increasing, at most one ending per run, the same tail
-  from every cursor.
+  from every cursor.  (The memory store lives in this process; on SQLite and PostgreSQL a
+  fresh OS process reads every cursor after a SIGKILL: test_turnloop's cross-process tests.)
 
 ``TRIO_AGENTS_FUZZ`` (default 240) sets the count as for the cancel fuzz: a quarter of it runs
 here, on the memory store (the SQL stores' part - the claim stored with its turn, the lease -
@@ -317,7 +318,7 @@ async def check(
 
 
 async def check_fresh_reader(store: Store, rng: random.Random, where: str) -> None:
-    """A fresh process reads the loop's events: from the start, and from cursors it was
+    """A fresh runner reads the loop's events: from the start, and from cursors it was
     handed, each turn once, ids strictly increasing, the same tail from every cursor."""
     async with ta.Runner(store) as reader:
         everything: list[Event] = []
