@@ -26,10 +26,12 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import attrs
+import trio
 from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
+from starlette.types import Message, Receive, Scope, Send
 
 from ..agents import AgentLike
 from ..events import Event, to_dict
@@ -142,6 +144,29 @@ def canceller(state: ServerState, invocation_id: str, user: str, policy: OnDisco
     return cancel
 
 
+class _EventStream(EventSourceResponse):
+    """An SSE answer whose last chunk is sent shielded.
+
+    Hypercorn (0.18) readies a kept-alive connection for its next request inside the call
+    that sends a response's last chunk, and starts the connection's idle task there (what
+    closes it after ``keep_alive_timeout``, or at once on shutdown).  That same moment it
+    tells the app the client is gone (``http.disconnect``); sse-starlette's listener for it
+    then cancels the task still inside that call, the idle task never starts, and the
+    connection is neither timed out nor closed on shutdown: ``serve`` waited its whole
+    ``graceful_timeout`` for every client that had followed a run and kept its connection.
+    The last chunk's send is short (Hypercorn shields the socket write itself)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_last_shielded(message: Message) -> None:
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                with trio.CancelScope(shield=True):
+                    await send(message)
+            else:
+                await send(message)
+
+        await super().__call__(scope, receive, send_last_shielded)
+
+
 def sse_response(
     state: ServerState,
     invocation_id: str,
@@ -158,7 +183,7 @@ def sse_response(
         if cancel is not None and not frames.finished:
             await cancel()
 
-    return EventSourceResponse(
+    return _EventStream(
         frames,
         headers={"X-Invocation-Id": invocation_id},
         ping=15,
