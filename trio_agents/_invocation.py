@@ -62,7 +62,7 @@ from .events import (
     mode_reaches,
     stronger_mode,
 )
-from .hooks import HookSet, InvocationHooks
+from .hooks import HookSet, InvocationHooks, incoming_trace
 from .messages import AssistantMessage, Message, Usage, UserMessage
 from .stores._base import (
     ApprovalDecision,
@@ -387,6 +387,10 @@ class Invocation:
             CancelRequested, mode=self._mode, reason=self._reason, by=self._cancelled_by
         )
 
+    def _model_hooks(self) -> InvocationHooks | None:
+        hooks = self._hooks
+        return hooks if hooks is not None and hooks.wants_model_calls() else None
+
     def _track_stream(self, scope: trio.CancelScope, *, add: bool) -> None:
         if not add:
             self._stream_scopes.remove(scope)
@@ -549,7 +553,11 @@ class Invocation:
         loop's claim of the messages this invocation answers."""
         env, rec = self._env, self.recorder
         sent_at = trio.current_time()
+        # The caller's trace context (this is the caller's task): see hooks, "Trace context".
+        trace = dict(env.hooks.trace_context() if env.hooks is not None else incoming_trace.get())
         if not self.resumed:
+            if self._hooks is not None:
+                self._hooks.traced(trace, trace)
             started = rec.stamp_durable(
                 InvocationStarted,
                 agent=self.agent.name,
@@ -557,6 +565,7 @@ class Invocation:
                 user_id=self.user_id,
                 session_id=self.session_id,
                 owner=env.owner,
+                trace=trace,
             )
             record = InvocationRecord(
                 id=self.id,
@@ -608,6 +617,9 @@ class Invocation:
                 if isinstance(event, TurnFinished):
                     self._usage = self._usage + event.usage
                     rec.path_text(event.path).last = event.message.text
+            if self._hooks is not None:
+                first = next((e for e in journal if isinstance(e, InvocationStarted)), None)
+                self._hooks.traced(trace, first.trace if first is not None else {})
             await rec.record(
                 InvocationStarted,
                 agent=self.agent.name,
@@ -618,6 +630,7 @@ class Invocation:
                 by_loop=self._by_loop,
                 owner=env.owner,
                 taken_over_from=self._taken_over_from,
+                trace=trace,
             )
             for request in asked:  # immediate, whatever its mode: nothing of the run may run
                 self._apply_cancel("immediate", request.reason, None, request.requested_by)

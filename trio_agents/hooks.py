@@ -1,6 +1,6 @@
 """Lifecycle hooks: code of yours that the runner calls as an invocation lives and ends.
 
-``Runner(hooks=[...], hook_timeout=5.0)`` takes objects with any subset of six async methods
+``Runner(hooks=[...], hook_timeout=5.0)`` takes objects with any subset of eight async methods
 (subclass :class:`Hooks`, whose methods do nothing, or write any object with the methods you
 need).  Each method gets the invocation's :class:`InvocationInfo` first, then one record:
 
@@ -16,6 +16,14 @@ need).  Each method gets the invocation's :class:`InvocationInfo` first, then on
 ``on_gate(request)``        an ``approval_requested`` event
                             (:class:`~trio_agents.events.ApprovalRequested`) is journaled;
                             the wait for the person begins once the hook returns
+``on_model_start(call)``    a model turn is about to be requested (:class:`ModelCall`: the
+                            turn, the workflow step's path, the model, the request); called
+                            by the task that streams it, so a context variable set here
+                            (e.g. :data:`outgoing_trace`) is seen by the model's HTTP request
+``on_model_end(end)``       that model turn is over (:class:`ModelCallEnd`: the response, or
+                            the error, or ``cut_off`` by a cancel); called exactly once after
+                            each ``on_model_start``, in the same task, shielded, whatever
+                            the ending - before the turn is journaled
 ``on_event(event)``         every :class:`~trio_agents.events.Event` of this run, in id order,
                             deltas and the terminal event included: what
                             ``inv.events(after_seq=<where this run began>)`` yields
@@ -28,9 +36,12 @@ Hooks are called in the order given, one after the other.  A hook observes; it c
 what the invocation does.
 
 Who owns the calls
-    The inline methods (``on_invocation_start``, ``on_tool_start``, ``on_tool_end``,
-    ``on_gate``) are awaited by the task that reached the point - the invocation's own task,
-    or the tool call's task - inside the invocation's cancel scope.  The durable write comes
+    The inline methods (``on_invocation_start``, ``on_model_start``, ``on_model_end``,
+    ``on_tool_start``, ``on_tool_end``, ``on_gate``) are awaited by the task that reached the
+    point - the invocation's own task, or the tool call's task - inside the invocation's cancel
+    scope.  ``on_invocation_start`` and ``on_invocation_end`` are awaited by the invocation's
+    own task, whose context variables are a copy of those of the caller of ``start`` /
+    ``resume``.  The durable write comes
     first (the recorder calls the hook after it stored and published the event), so a hook
     never sees something the journal does not hold.
 
@@ -68,13 +79,24 @@ Deadlines and failures
     After the terminal event, the follower has ``hook_timeout`` more to catch up; a hook still
     behind then is cut off (logged) so ``wait()`` never hangs.  So ``wait()`` returns at most
     about ``2 * hook_timeout`` later than it would without hooks.
+
+Trace context
+    A hook object may also have a plain (not async) method ``trace_context(self) -> Mapping[str,
+    str]``: the W3C trace context headers of the caller, asked in the caller's task when
+    ``start`` or ``resume`` opens an invocation (the first non-empty answer wins; an
+    exception there is logged and ignored).  Without one, the trace context of the request
+    the server is serving (:data:`incoming_trace`) is taken.  The runner stores it in the
+    ``started`` event; hooks get it as :attr:`InvocationInfo.trace`, and a resumed run also
+    gets the first run's as :attr:`InvocationInfo.first_trace` (to link to it).
+    :data:`outgoing_trace` holds headers that the model adapters add to every model HTTP
+    request made in the task (and the tasks it spawns).
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 import attrs
@@ -84,6 +106,8 @@ from ._exceptions import UsageError
 from ._outcome import Outcome
 from ._recorder import Recorder
 from ._stream import EventStream
+from ._tracecontext import incoming as incoming_trace
+from ._tracecontext import outgoing as outgoing_trace
 from .agents._context import AgentLike
 from .events import (
     ApprovalRequested,
@@ -93,16 +117,29 @@ from .events import (
     ToolCallFinished,
     ToolCallStarted,
 )
-from .messages import ToolCall, ToolResult
+from .messages import ModelRequest, ModelResponse, ToolCall, ToolResult
 from .stores._base import Store
 
-__all__ = ["HOOK_METHODS", "HookHost", "HookSet", "Hooks", "InvocationHooks", "InvocationInfo"]
+__all__ = [
+    "HOOK_METHODS",
+    "HookHost",
+    "HookSet",
+    "Hooks",
+    "InvocationHooks",
+    "InvocationInfo",
+    "ModelCall",
+    "ModelCallEnd",
+    "incoming_trace",
+    "outgoing_trace",
+]
 
 logger = logging.getLogger("trio_agents.hooks")
 
 HOOK_METHODS: Final = (
     "on_invocation_start",
     "on_event",
+    "on_model_start",
+    "on_model_end",
     "on_tool_start",
     "on_tool_end",
     "on_gate",
@@ -127,6 +164,35 @@ class InvocationInfo:
     user_id: str | None = None
     session_id: str | None = None
     resumed: bool = False
+    trace: Mapping[str, str] = attrs.field(factory=dict, hash=False)
+    """The W3C trace context of the caller of this run's ``start`` / ``resume`` (may be empty)."""
+    first_trace: Mapping[str, str] = attrs.field(factory=dict, hash=False)
+    """The first run's ``trace``, as its ``started`` event stored it (a resumed run's link to
+    the first run; on a first run, the same as ``trace``)."""
+
+
+@attrs.frozen(kw_only=True)
+class ModelCall:
+    """One model turn about to be requested (``on_model_start``)."""
+
+    turn: int
+    path: str = ""
+    """The workflow step the agent runs in (``""``: the top agent); see the events' ``path``."""
+    model: str
+    provider: str
+    request: ModelRequest = attrs.field(eq=False, repr=False)
+
+
+@attrs.frozen(kw_only=True)
+class ModelCallEnd:
+    """How a model turn ended (``on_model_end``): ``response`` when the stream finished;
+    ``error`` (what the model raised: a :class:`~trio_agents.ModelError`, or any exception)
+    when it failed; ``cut_off`` when a cancel stopped the stream (both ``None`` then)."""
+
+    call: ModelCall
+    response: ModelResponse | None = None
+    error: BaseException | None = None
+    cut_off: bool = False
 
 
 class Hooks:
@@ -141,6 +207,12 @@ class Hooks:
 
     async def on_event(self, inv: InvocationInfo, event: Event) -> None:
         """Each event of this run, in order (deltas and the terminal event included)."""
+
+    async def on_model_start(self, inv: InvocationInfo, call: ModelCall) -> None:
+        """A model turn is about to be requested, in the task that streams it."""
+
+    async def on_model_end(self, inv: InvocationInfo, end: ModelCallEnd) -> None:
+        """The model turn of the last ``on_model_start`` is over (same task, shielded)."""
 
     async def on_tool_start(self, inv: InvocationInfo, call: ToolCall) -> None:
         """A tool call's intent is journaled; the tool runs when this returns."""
@@ -221,7 +293,7 @@ class HookSet:
     """A runner's hooks, checked once; :meth:`bind` makes each invocation's
     :class:`InvocationHooks`."""
 
-    __slots__ = ("by_method", "timeout")
+    __slots__ = ("by_method", "timeout", "tracers")
 
     def __init__(self, hooks: Sequence[object], *, timeout: float) -> None:
         if isinstance(hooks, (str, bytes)) or not isinstance(hooks, (list, tuple)):
@@ -230,16 +302,38 @@ class HookSet:
             raise UsageError(f"hook_timeout must be positive seconds, got {timeout!r}")
         self.timeout = float(timeout)
         self.by_method: dict[str, list[tuple[str, HookMethod]]] = {}
+        self.tracers: list[tuple[str, Callable[[], Mapping[str, str]]]] = []
         for hook in hooks:
             for name, method in _methods_of(hook).items():
                 self.by_method.setdefault(name, []).append((_hook_name(hook), method))
+            tracer = getattr(hook, "trace_context", None)
+            if tracer is not None:
+                if not callable(tracer) or inspect.iscoroutinefunction(tracer):
+                    raise UsageError(
+                        f"hook {_hook_name(hook)!r}: trace_context must be a plain method "
+                        f"returning the caller's trace context headers, got {tracer!r}"
+                    )
+                self.tracers.append((_hook_name(hook), tracer))
+
+    def trace_context(self) -> Mapping[str, str]:
+        """The caller's trace context (see the module docstring): ask the hooks that have
+        ``trace_context``, in order; else the server's incoming request's."""
+        for name, tracer in self.tracers:
+            try:
+                found = tracer()
+            except Exception:
+                logger.warning("hook %s.trace_context raised; ignored", name, exc_info=True)
+                continue
+            if found:
+                return dict(found)
+        return incoming_trace.get()
 
     @classmethod
     def of(cls, hooks: Sequence[object], *, timeout: float) -> HookSet | None:
         """The checked set, or ``None`` when no hook has a method to call (the runner then
         makes nothing per invocation)."""
         found = cls(hooks, timeout=timeout)
-        return found if found.by_method else None
+        return found if found.by_method or found.tracers else None
 
     def bind(self, host: HookHost, store: Store) -> InvocationHooks:
         """The hooks of the invocation ``host``, whose events are in ``store``."""
@@ -297,8 +391,22 @@ class InvocationHooks:
             finally:
                 follower.cancel()  # it has delivered the end already, unless main() broke
 
+    def traced(self, trace: Mapping[str, str], first_trace: Mapping[str, str]) -> None:
+        """The run's trace context is known (the invocation is being opened)."""
+        self._info = attrs.evolve(self._info, trace=trace, first_trace=first_trace)
+
     async def started(self) -> None:
         await self._call_all("on_invocation_start")
+
+    def wants_model_calls(self) -> bool:
+        return "on_model_start" in self._methods or "on_model_end" in self._methods
+
+    async def model_started(self, call: ModelCall) -> None:
+        await self._call_all("on_model_start", call)
+
+    async def model_ended(self, end: ModelCallEnd) -> None:
+        """Call it shielded: it runs whatever ended the model turn."""
+        await self._call_all("on_model_end", end)
 
     async def ended(self, outcome: Outcome) -> None:
         """Let the follower deliver the terminal event, then call ``on_invocation_end``.
