@@ -1,0 +1,589 @@
+"""OpenTelemetry traces and metrics, following the GenAI semantic conventions - built on the
+lifecycle hooks (:mod:`trio_agents.hooks`) and nothing else of the engine.
+
+Off unless configured: nothing here runs unless you pass the hooks to a runner
+(``Runner(hooks=[ta.otel.OTelHooks()])``, or ``trio-agents serve --otel``).  This module needs
+``opentelemetry-api`` only; :func:`configure` (the SDK and its exporters, set up from the
+standard ``OTEL_*`` variables) needs the extra: ``pip install 'trio-agents[otel]'``.
+
+Spans (see ``docs/guide-observability.md`` for every attribute)
+
+``invoke_agent {agent}``
+    one per run of an invocation (a resume is a new run: its span is a child of whoever
+    resumed it and *links* to the first run's caller, stored in the ``started`` event).
+``{step}`` (``trio_agents.step``)
+    a workflow step (``Sequential`` / ``Parallel`` / ``Loop``): the parent of what runs in
+    it; it begins with the step's first model call and ends with its ``step_finished`` event.
+``chat {model}``
+    one per model turn: request and response model, token usage, finish reasons, the
+    provider's request id.  Its W3C ``traceparent`` is sent with the model's HTTP request.
+``execute_tool {tool}``
+    one per tool call; the current span while the tool runs (its own calls are children).
+``await_approval {tool}``
+    a tool call's wait for a person: its end state (``approved``, ``denied``, ``expired``,
+    ``cancelled``, or ``pending`` when the invocation paused) and who decided.
+
+Endings: a failure sets status ERROR and ``error.type``; a cancel sets no error status (a
+caller's intentional cancel is not an error, as in the HTTP conventions) and says how with
+``trio_agents.cancel.mode``, ``.reason``, ``.by``, and ``trio_agents.finish_reason =
+"cancelled"`` (the GenAI ``gen_ai.agent.finish_reason`` is proposed, not merged: rename the
+key with ``finish_reason_key=``).  Every span is ended, whatever the ending: what is still open
+when the invocation ends (a tool cut off by a cancel, a gate closed by it) is ended then, in
+``on_invocation_end``, which runs shielded.  No span is held across a ``yield``: spans are
+plain records kept per invocation, and a context is attached only around a tool call or a
+model call, in the task that runs it, and detached in that same task.
+
+Metrics: ``gen_ai.client.token.usage``, ``gen_ai.client.operation.duration``,
+``gen_ai.invoke_agent.duration``, ``gen_ai.execute_tool.duration``, and ours:
+``trio_agents.cancel.duration`` (from the cancel request to the stopped invocation),
+``trio_agents.invocations.running`` and ``trio_agents.invocations.parked`` (up-down counters
+of this process), ``trio_agents.journal.write.duration`` (from an event's stamp to its
+durable write, as the hooks see it).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import time
+from collections.abc import Mapping, Sequence
+from importlib.metadata import entry_points
+from typing import Any, Final
+
+import attrs
+import trio
+from opentelemetry import context as otel_context
+from opentelemetry import metrics, trace
+from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from ._exceptions import UsageError
+from ._outcome import Outcome
+from ._tracecontext import incoming as incoming_trace
+from ._tracecontext import outgoing as outgoing_trace
+from .events import (
+    ApprovalDecided,
+    ApprovalRequested,
+    CancelRequested,
+    Event,
+    InvocationEnded,
+    StepFinished,
+    ToolCallFinished,
+    ToolCallStarted,
+)
+from .hooks import Hooks, InvocationInfo, ModelCall, ModelCallEnd
+from .messages import ToolCall, ToolResult
+
+__all__ = ["OTelHooks", "Telemetry", "configure"]
+
+SCOPE: Final = "trio_agents"
+
+CANCEL_MODE: Final = "trio_agents.cancel.mode"
+CANCEL_REASON: Final = "trio_agents.cancel.reason"
+CANCEL_BY: Final = "trio_agents.cancel.by"
+FINISH_REASON: Final = "trio_agents.finish_reason"
+
+_PROPAGATOR: Final = TraceContextTextMapPropagator()
+_TOKEN_BUCKETS: Final = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576)
+_SECOND_BUCKETS: Final = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24)
+
+
+def _ns(at: float) -> int:
+    return int(at * 1e9)
+
+
+def _parent(carrier: Mapping[str, str]) -> otel_context.Context | None:
+    if not carrier:
+        return None
+    found = _PROPAGATOR.extract(dict(carrier))
+    return found if trace.get_current_span(found).get_span_context().is_valid else None
+
+
+@attrs.define
+class _Attached:
+    """A context attached in one task (detached only there)."""
+
+    task: object
+    token: object
+    headers: contextvars.Token[Mapping[str, str]] | None = None
+
+
+@attrs.define
+class _Run:
+    """One invocation's open spans."""
+
+    info: InvocationInfo
+    span: Span
+    started: float  # perf_counter
+    attached: _Attached | None = None
+    steps: dict[str, Span] = attrs.field(factory=dict)
+    chats: dict[tuple[str, int], tuple[Span, float, _Attached | None]] = attrs.field(factory=dict)
+    call_paths: dict[str, str] = attrs.field(factory=dict)  # tool call id -> its step path
+    tools: dict[str, tuple[Span, float, _Attached | None]] = attrs.field(factory=dict)
+    gates: dict[str, Span] = attrs.field(factory=dict)
+    cancel_at: float | None = None  # wall time of the cancel request
+    ended_at: float | None = None  # wall time of the terminal event
+
+
+class OTelHooks(Hooks):
+    """Hooks that trace and measure invocations (see :mod:`trio_agents.otel`).
+
+    ``tracer_provider`` / ``meter_provider``: the providers to use (default: the global ones,
+    which are no-ops until an SDK is configured, e.g. by :func:`configure`).
+    ``finish_reason_key``: the attribute that carries an invocation's ending (``completed``,
+    ``cancelled``, ``failed``, ``paused``).
+
+    One object serves any number of runners and invocations; it keeps only the spans still
+    open.  Its methods never raise into the runner (the hooks' rules: a hook that fails is a
+    warning) and never block.
+    """
+
+    name = "otel"
+
+    def __init__(
+        self,
+        *,
+        tracer_provider: trace.TracerProvider | None = None,
+        meter_provider: metrics.MeterProvider | None = None,
+        finish_reason_key: str = FINISH_REASON,
+    ) -> None:
+        from . import __version__ as version
+
+        self._tracer = trace.get_tracer(SCOPE, version, tracer_provider=tracer_provider)
+        meter = metrics.get_meter(SCOPE, version, meter_provider=meter_provider)
+        self._finish_key = finish_reason_key
+        self._runs: dict[str, _Run] = {}
+        self._tokens = meter.create_histogram(
+            "gen_ai.client.token.usage",
+            unit="{token}",
+            description="Number of input and output tokens used",
+            explicit_bucket_boundaries_advisory=_TOKEN_BUCKETS,
+        )
+        self._op_duration = meter.create_histogram(
+            "gen_ai.client.operation.duration",
+            unit="s",
+            description="GenAI operation duration",
+            explicit_bucket_boundaries_advisory=_SECOND_BUCKETS,
+        )
+        self._agent_duration = meter.create_histogram(
+            "gen_ai.invoke_agent.duration",
+            unit="s",
+            description="Duration of an agent invocation (one run)",
+            explicit_bucket_boundaries_advisory=_SECOND_BUCKETS,
+        )
+        self._tool_duration = meter.create_histogram(
+            "gen_ai.execute_tool.duration",
+            unit="s",
+            description="Duration of a tool call",
+            explicit_bucket_boundaries_advisory=_SECOND_BUCKETS,
+        )
+        self._cancel_duration = meter.create_histogram(
+            "trio_agents.cancel.duration",
+            unit="s",
+            description="From a cancel request to the stopped invocation",
+            explicit_bucket_boundaries_advisory=_SECOND_BUCKETS,
+        )
+        self._journal_duration = meter.create_histogram(
+            "trio_agents.journal.write.duration",
+            unit="s",
+            description="From an event's stamp to its durable write (tool intents and results)",
+            explicit_bucket_boundaries_advisory=_SECOND_BUCKETS,
+        )
+        self._running = meter.create_up_down_counter(
+            "trio_agents.invocations.running",
+            unit="{invocation}",
+            description="Invocations running in this process",
+        )
+        self._parked = meter.create_up_down_counter(
+            "trio_agents.invocations.parked",
+            unit="{invocation}",
+            description="Gates (approvals) waiting for a person in this process",
+        )
+
+    # ---- trace context ------------------------------------------------------------------------
+
+    def trace_context(self) -> Mapping[str, str]:
+        """The caller's current span as W3C headers (asked by the runner in the caller's task),
+        else the server's incoming request's."""
+        carrier: dict[str, str] = {}
+        if trace.get_current_span().get_span_context().is_valid:
+            _PROPAGATOR.inject(carrier)
+        return carrier or incoming_trace.get()
+
+    # ---- hooks ------------------------------------------------------------------------------
+
+    async def on_invocation_start(self, inv: InvocationInfo) -> None:
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": inv.agent,
+            "trio_agents.invocation.id": inv.invocation_id,
+            "trio_agents.invocation.resumed": inv.resumed,
+        }
+        if inv.session_id is not None:
+            attributes["gen_ai.conversation.id"] = inv.session_id
+        links: list[Link] = []
+        if inv.resumed:
+            first = _parent(inv.first_trace)
+            if first is not None:
+                first_span = trace.get_current_span(first).get_span_context()
+                links.append(Link(first_span, {"trio_agents.link": "first_run"}))
+        span = self._tracer.start_span(
+            f"invoke_agent {inv.agent}",
+            context=_parent(inv.trace) or otel_context.Context(),
+            kind=SpanKind.INTERNAL,
+            attributes=attributes,
+            links=links,
+        )
+        run = _Run(info=inv, span=span, started=time.perf_counter())
+        self._runs[inv.invocation_id] = run
+        self._running.add(1, {"gen_ai.agent.name": inv.agent})
+        # Current in the invocation's task (and so in the tasks it spawns: trio copies the
+        # context); detached in on_invocation_end, which this same task awaits.
+        run.attached = self._attach(span)
+
+    async def on_model_start(self, inv: InvocationInfo, call: ModelCall) -> None:
+        run = self._runs.get(inv.invocation_id)
+        if run is None:
+            return
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": call.provider,
+            "gen_ai.request.model": call.model,
+            "trio_agents.turn": call.turn,
+        }
+        if call.request.max_tokens is not None:
+            attributes["gen_ai.request.max_tokens"] = call.request.max_tokens
+        if call.request.temperature is not None:
+            attributes["gen_ai.request.temperature"] = call.request.temperature
+        span = self._tracer.start_span(
+            f"chat {call.model}",
+            context=trace.set_span_in_context(self._step(run, call.path)),
+            kind=SpanKind.CLIENT,
+            attributes=attributes,
+        )
+        attached = self._attach(span, headers=True)
+        run.chats[(call.path, call.turn)] = (span, time.perf_counter(), attached)
+
+    async def on_model_end(self, inv: InvocationInfo, end: ModelCallEnd) -> None:
+        run = self._runs.get(inv.invocation_id)
+        call = end.call
+        found = run.chats.pop((call.path, call.turn), None) if run is not None else None
+        if run is None or found is None:
+            return
+        span, began, attached = found
+        self._detach(attached)
+        metric: dict[str, Any] = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": call.provider,
+            "gen_ai.request.model": call.model,
+        }
+        response = end.response
+        if response is not None:
+            if response.model:
+                span.set_attribute("gen_ai.response.model", response.model)
+                metric["gen_ai.response.model"] = response.model
+            if response.request_id:
+                span.set_attribute("trio_agents.provider.request_id", response.request_id)
+            if response.finish_reason:
+                span.set_attribute("gen_ai.response.finish_reasons", (response.finish_reason,))
+            usage = response.usage
+            span.set_attribute("gen_ai.usage.input_tokens", usage.input_tokens)
+            span.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)
+            self._tokens.record(usage.input_tokens, {**metric, "gen_ai.token.type": "input"})
+            self._tokens.record(usage.output_tokens, {**metric, "gen_ai.token.type": "output"})
+            for tool_call in response.message.tool_calls:
+                run.call_paths[tool_call.id] = call.path
+        elif end.error is not None:
+            error_type = type(end.error).__name__
+            span.set_status(Status(StatusCode.ERROR, str(end.error)[:200]))
+            span.set_attribute("error.type", error_type)
+            span.record_exception(end.error)
+            metric["error.type"] = error_type
+        else:  # cut off by a cancel: not an error
+            span.set_attribute("gen_ai.response.finish_reasons", ("cancelled",))
+            span.set_attribute("trio_agents.cut_off", True)
+        self._op_duration.record(time.perf_counter() - began, metric)
+        span.end()
+
+    async def on_tool_start(self, inv: InvocationInfo, call: ToolCall) -> None:
+        run = self._runs.get(inv.invocation_id)
+        if run is None:
+            return
+        span = self._tool_span(run, call.id, call.name)
+        attached = self._attach(span)
+        run.tools[call.id] = (span, time.perf_counter(), attached)
+
+    async def on_tool_end(self, inv: InvocationInfo, result: ToolResult) -> None:
+        run = self._runs.get(inv.invocation_id)
+        if run is None:
+            return
+        found = run.tools.pop(result.call_id, None)
+        if found is None:  # answered without running (declined, not started, unknown outcome)
+            span = self._tool_span(run, result.call_id, result.name)
+            span.set_attribute("trio_agents.tool.ran", False)
+            found = (span, time.perf_counter(), None)
+        span, began, attached = found
+        self._detach(attached)
+        metric: dict[str, Any] = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": result.name,
+        }
+        if result.is_error:
+            span.set_status(Status(StatusCode.ERROR, result.content[:200]))
+            span.set_attribute("error.type", "tool_error")
+            metric["error.type"] = "tool_error"
+        self._tool_duration.record(time.perf_counter() - began, metric)
+        span.end()
+
+    async def on_gate(self, inv: InvocationInfo, request: ApprovalRequested) -> None:
+        run = self._runs.get(inv.invocation_id)
+        if run is None:
+            return
+        span = self._tracer.start_span(
+            f"await_approval {request.call.name}",
+            context=trace.set_span_in_context(self._step(run, request.path)),
+            attributes={
+                "trio_agents.approval.id": request.approval_id,
+                "gen_ai.tool.name": request.call.name,
+                "gen_ai.tool.call.id": request.call.id,
+            },
+            start_time=_ns(request.at),
+        )
+        run.gates[request.approval_id] = span
+        self._parked.add(1, {"gen_ai.agent.name": inv.agent})
+
+    async def on_event(self, inv: InvocationInfo, event: Event) -> None:
+        run = self._runs.get(inv.invocation_id)
+        if run is None:
+            return
+        if isinstance(event, ApprovalDecided):
+            span = run.gates.pop(event.approval_id, None)
+            if span is not None:
+                self._end_gate(run, span, event.state, event.by, event.reason, _ns(event.at))
+        elif isinstance(event, CancelRequested):
+            if run.cancel_at is None:
+                run.cancel_at = event.at
+        elif isinstance(event, StepFinished):
+            step = run.steps.pop(event.path, None)
+            if step is not None:
+                step.end(end_time=_ns(event.at))
+        elif isinstance(event, (ToolCallStarted, ToolCallFinished)):
+            # The time from its stamp to now: its durable write, plus how far this follower
+            # is behind (small: it reads the live log).
+            self._journal_duration.record(max(0.0, time.time() - event.at), {"kind": event.kind})
+        elif isinstance(event, InvocationEnded):
+            run.ended_at = event.at
+
+    async def on_invocation_end(self, inv: InvocationInfo, outcome: Outcome) -> None:
+        run = self._runs.pop(inv.invocation_id, None)
+        if run is None:
+            return
+        status = outcome.status
+        cancelled = status == "cancelled"
+        ending: dict[str, Any] = {}
+        if cancelled:
+            ending[CANCEL_MODE] = outcome.cancel_mode or "immediate"
+            if outcome.reason:
+                ending[CANCEL_REASON] = outcome.reason
+            if outcome.cancelled_by:
+                ending[CANCEL_BY] = outcome.cancelled_by
+        # What is still open ends now: a tool cut off, a gate the cancel (or a pause) closed.
+        for call_id, (span, began, attached) in list(run.tools.items()):
+            self._detach(attached)
+            span.set_attributes({**ending, self._finish_key: status, "trio_agents.cut_off": True})
+            self._tool_duration.record(
+                time.perf_counter() - began,
+                {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": _tool_of(span)},
+            )
+            span.end()
+            del run.tools[call_id]
+        for gate_id, span in list(run.gates.items()):
+            state = outcome.gates.get(gate_id, "cancelled" if cancelled else "pending")
+            self._end_gate(run, span, state, outcome.cancelled_by, outcome.reason, None)
+        run.gates.clear()
+        for _, (span, _began, attached) in list(run.chats.items()):  # on_model_end missed
+            self._detach(attached)
+            span.end()
+        run.chats.clear()
+        for step in reversed(list(run.steps.values())):
+            step.set_attributes(ending)
+            step.end()
+        run.steps.clear()
+        span = run.span
+        span.set_attribute(self._finish_key, status)
+        span.set_attribute("trio_agents.invocation.status", status)
+        span.set_attribute("gen_ai.usage.input_tokens", outcome.usage.input_tokens)
+        span.set_attribute("gen_ai.usage.output_tokens", outcome.usage.output_tokens)
+        metric: dict[str, Any] = {
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": inv.agent,
+            "trio_agents.invocation.status": status,
+        }
+        if cancelled:
+            span.set_attributes(ending)
+            if run.cancel_at is not None:
+                stopped = run.ended_at if run.ended_at is not None else time.time()
+                self._cancel_duration.record(
+                    max(0.0, stopped - run.cancel_at),
+                    {"gen_ai.agent.name": inv.agent, CANCEL_MODE: ending[CANCEL_MODE]},
+                )
+        elif status == "failed":
+            error_type = outcome.error.type if outcome.error is not None else "failed"
+            span.set_status(Status(StatusCode.ERROR, (outcome.reason or "")[:200]))
+            span.set_attribute("error.type", error_type)
+            if outcome.exception is not None:
+                span.record_exception(outcome.exception)
+            metric["error.type"] = error_type
+        elif status == "paused" and outcome.pending_approvals:
+            span.set_attribute("trio_agents.pending_approvals", outcome.pending_approvals)
+        self._agent_duration.record(time.perf_counter() - run.started, metric)
+        self._running.add(-1, {"gen_ai.agent.name": inv.agent})
+        self._detach(run.attached)
+        span.end()
+
+    # ---- helpers -----------------------------------------------------------------------------
+
+    def _step(self, run: _Run, path: str) -> Span:
+        """The span of the workflow step ``path`` (made at its first sight), or the run's."""
+        if not path:
+            return run.span
+        found = run.steps.get(path)
+        if found is None:
+            parent_path, _, name = path.rpartition("/")
+            parent = self._step(run, parent_path)
+            found = self._tracer.start_span(
+                name,
+                context=trace.set_span_in_context(parent),
+                attributes={"trio_agents.step": path, "gen_ai.agent.name": run.info.agent},
+            )
+            run.steps[path] = found
+        return found
+
+    def _tool_span(self, run: _Run, call_id: str, name: str) -> Span:
+        path = run.call_paths.get(call_id, "")
+        return self._tracer.start_span(
+            f"execute_tool {name}",
+            context=trace.set_span_in_context(self._step(run, path)),
+            kind=SpanKind.INTERNAL,
+            attributes={
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": name,
+                "gen_ai.tool.call.id": call_id,
+                "gen_ai.tool.type": "function",
+            },
+        )
+
+    def _end_gate(
+        self,
+        run: _Run,
+        span: Span,
+        state: str,
+        by: str | None,
+        reason: str | None,
+        end_time: int | None,
+    ) -> None:
+        span.set_attribute("trio_agents.approval.state", state)
+        if by:
+            span.set_attribute("trio_agents.approval.by", by)
+        if reason:
+            span.set_attribute("trio_agents.approval.reason", reason)
+        span.end(end_time=end_time)
+        self._parked.add(-1, {"gen_ai.agent.name": run.info.agent})
+
+    @staticmethod
+    def _attach(span: Span, *, headers: bool = False) -> _Attached:
+        ctx = trace.set_span_in_context(span)
+        attached = _Attached(task=trio.lowlevel.current_task(), token=otel_context.attach(ctx))
+        if headers:
+            carrier: dict[str, str] = {}
+            _PROPAGATOR.inject(carrier, context=ctx)
+            attached.headers = outgoing_trace.set(carrier)
+        return attached
+
+    @staticmethod
+    def _detach(attached: _Attached | None) -> None:
+        """Detach in the task that attached (elsewhere the task's own context is not ours to
+        change: it ends with its task)."""
+        if attached is None or attached.task is not trio.lowlevel.current_task():
+            return
+        if attached.headers is not None:
+            outgoing_trace.reset(attached.headers)
+        otel_context.detach(attached.token)  # type: ignore[arg-type]
+
+
+def _tool_of(span: Span) -> str:
+    attributes = getattr(span, "attributes", None) or {}
+    return str(attributes.get("gen_ai.tool.name", ""))
+
+
+@attrs.define
+class Telemetry:
+    """What :func:`configure` set up; :meth:`shutdown` flushes and stops the exporters."""
+
+    tracer_provider: Any
+    meter_provider: Any
+
+    def shutdown(self) -> None:
+        """Export what is buffered, then stop (blocking; call it once, at exit)."""
+        for provider in (self.tracer_provider, self.meter_provider):
+            if provider is not None:
+                provider.shutdown()
+
+
+def _exporter(group: str, names: Sequence[str]) -> list[Any]:
+    made: list[Any] = []
+    for name in names:
+        name = name.strip()
+        if not name or name == "none":
+            continue
+        found = entry_points(group=group, name=name)
+        if not found:
+            raise UsageError(
+                f"no OpenTelemetry exporter {name!r} ({group}); install its package "
+                "(e.g. opentelemetry-exporter-otlp for 'otlp') or choose 'console' or 'none'"
+            )
+        made.append(next(iter(found)).load()())
+    return made
+
+
+def configure(*, service_name: str | None = None, set_global: bool = True) -> Telemetry:
+    """Set up the OpenTelemetry SDK from the standard ``OTEL_*`` variables; return it.
+
+    ``OTEL_SDK_DISABLED=true`` sets up nothing.  ``OTEL_TRACES_EXPORTER`` and
+    ``OTEL_METRICS_EXPORTER`` (default ``otlp``; ``console``, ``none``, or any installed
+    exporter's name, comma-separated) choose the exporters; ``OTEL_SERVICE_NAME`` and
+    ``OTEL_RESOURCE_ATTRIBUTES`` the resource (``service_name`` is the default name); spans go
+    through a ``BatchSpanProcessor`` (``OTEL_BSP_*``) and metrics through a periodic reader
+    (``OTEL_METRIC_EXPORT_INTERVAL``).  With ``set_global`` the providers become the global
+    ones, which :class:`OTelHooks` uses by default.  Needs ``trio-agents[otel]``.
+    """
+    try:
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+        from opentelemetry.sdk.resources import OTELResourceDetector, Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    except ImportError as exc:  # pragma: no cover - the extra is missing
+        raise UsageError(
+            "OpenTelemetry's SDK is not installed: pip install 'trio-agents[otel]'"
+        ) from exc
+    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return Telemetry(tracer_provider=None, meter_provider=None)
+    defaults = {"service.name": service_name} if service_name else {}
+    resource = Resource.create(defaults).merge(OTELResourceDetector().detect())
+    if "OTEL_SERVICE_NAME" in os.environ:
+        resource = resource.merge(Resource({"service.name": os.environ["OTEL_SERVICE_NAME"]}))
+    tracer_provider = TracerProvider(resource=resource)
+    traces = os.environ.get("OTEL_TRACES_EXPORTER", "otlp").split(",")
+    for exporter in _exporter("opentelemetry_traces_exporter", traces):
+        tracer_provider.add_span_processor(BatchSpanProcessor(exporter))
+    metrics_names = os.environ.get("OTEL_METRICS_EXPORTER", "otlp").split(",")
+    readers = [
+        PeriodicExportingMetricReader(exporter)
+        for exporter in _exporter("opentelemetry_metrics_exporter", metrics_names)
+    ]
+    meter_provider = MeterProvider(resource=resource, metric_readers=readers)
+    if set_global:
+        trace.set_tracer_provider(tracer_provider)
+        metrics.set_meter_provider(meter_provider)
+    return Telemetry(tracer_provider=tracer_provider, meter_provider=meter_provider)
