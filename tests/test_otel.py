@@ -25,6 +25,7 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerPro
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
+from trio_websocket import wrap_client_stream
 
 import trio_agents as ta
 from trio_agents.agents import Agent
@@ -36,7 +37,7 @@ from trio_agents.runner import Invocation, Runner
 from trio_agents.testing import open_fake_openai_server, openai_stream
 from trio_agents.tools import tool
 
-from ._server import open_client, open_server
+from ._server import ALICE, open_client, open_server
 
 ROOT = Path(__file__).resolve().parent.parent
 PARENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -411,4 +412,76 @@ async def test_a_resume_in_another_process_links_to_the_first_trace(
     assert f"{link.context.span_id:016x}" == PARENT_SPAN
     assert dict(link.attributes or {}) == {"trio_agents.link": "first_run"}
     assert otel.one("execute_tool deploy").parent is not None
+    assert otel.opened.still_open() == []
+
+
+async def test_traceparent_over_sse_and_websocket(otel: Telemetry) -> None:
+    """``/run_sse`` and a ``/run_live`` WebSocket handshake that carry a ``traceparent``: the
+    invocation (for the socket: the turn the message started) is its child."""
+    sse_parent = f"00-{PARENT_TRACE}-{'1' * 16}-01"
+    ws_parent = f"00-{PARENT_TRACE}-{'2' * 16}-01"
+    agent = Agent(name="helper", model=ScriptedModel(["one", "two"]))
+    async with Runner(hooks=[otel.hooks]) as runner, open_server([agent], runner=runner) as url:
+        async with open_client(url) as client:
+            with trio.fail_after(10):
+                async with client.stream(
+                    "POST",
+                    "/run_sse",
+                    json={"app_name": "helper", "input": "hi"},
+                    headers={"traceparent": sse_parent},
+                ) as streamed:
+                    assert streamed.status_code == 200
+                    async for _ in streamed.aiter_lines():
+                        pass
+        host, _, port = url.removeprefix("http://").partition(":")
+        stream = await trio.open_tcp_stream(host, int(port))
+        async with trio.open_nursery() as nursery:
+            ws = await wrap_client_stream(
+                nursery,
+                stream,
+                host,
+                "/run_live?app_name=helper&user_id=alice&session_id=s1",
+                extra_headers=[
+                    (b"authorization", f"Bearer {ALICE}".encode()),
+                    (b"traceparent", ws_parent.encode()),
+                ],
+                max_message_size=16 << 20,
+            )
+            with trio.fail_after(10):
+                await ws.get_message()  # ready
+                await ws.send_message(json.dumps({"type": "message", "text": "hi"}))
+                while '"loop_turn_ended"' not in str(await ws.get_message()):
+                    pass
+            await ws.aclose()
+        await stream.aclose()
+    parents = sorted(f"{s.parent.span_id:016x}" for s in otel.named("invoke_agent") if s.parent)
+    assert parents == ["1" * 16, "2" * 16]
+    assert {f"{s.context.trace_id:032x}" for s in otel.spans()} == {PARENT_TRACE}
+
+
+async def test_workflow_steps_are_parents(otel: Telemetry, autojump_clock: trio.abc.Clock) -> None:
+    """A Sequential workflow of two agents: one span per step under invoke_agent, each the
+    parent of its agent's chat and tool spans; the steps end in order."""
+    research = Agent(
+        name="research", model=ScriptedModel([TWO_TOOLS, "notes"]), tools=[search, lookup]
+    )
+    write = Agent(name="write", model=ScriptedModel(["a report"]))
+    flow = ta.Sequential(name="pipeline", steps=[research, write])
+    async with Runner(hooks=[otel.hooks]) as runner:
+        outcome = await runner.run(flow, "go")
+    assert outcome.status == "completed"
+    root = otel.one("invoke_agent pipeline")
+    steps = {s.name: s for s in otel.spans() if "trio_agents.step" in attrs_of(s)}
+    assert set(steps) == {"step 0:research", "step 1:write"}
+    steps = {name.partition(":")[2]: span for name, span in steps.items()}
+    assert {parent_of(s) for s in steps.values()} == {root.context.span_id}
+    research_id = steps["research"].context.span_id
+    assert [parent_of(s) for s in otel.named("execute_tool")] == [research_id, research_id]
+    chats = sorted(otel.named("chat "), key=lambda s: s.start_time or 0)
+    assert [parent_of(s) for s in chats] == [
+        research_id,
+        research_id,
+        steps["write"].context.span_id,
+    ]
+    assert (steps["research"].end_time or 0) <= (steps["write"].start_time or 0)
     assert otel.opened.still_open() == []

@@ -11,7 +11,7 @@ Spans (see ``docs/guide-observability.md`` for every attribute)
 ``invoke_agent {agent}``
     one per run of an invocation (a resume is a new run: its span is a child of whoever
     resumed it and *links* to the first run's caller, stored in the ``started`` event).
-``{step}`` (``trio_agents.step``)
+``step {key}`` (``trio_agents.step``: the step's path)
     a workflow step (``Sequential`` / ``Parallel`` / ``Loop``): the parent of what runs in
     it; it begins with the step's first model call and ends with its ``step_finished`` event.
 ``chat {model}``
@@ -452,7 +452,7 @@ class OTelHooks(Hooks):
             parent_path, _, name = path.rpartition("/")
             parent = self._step(run, parent_path)
             found = self._tracer.start_span(
-                name,
+                f"step {name}",
                 context=trace.set_span_in_context(parent),
                 attributes={"trio_agents.step": path, "gen_ai.agent.name": run.info.agent},
             )
