@@ -166,6 +166,7 @@ class Invocation:
     # Slots: a runner holds thousands of these; an instance dict costs a KiB or two each.
     __slots__ = (
         "_by_loop",
+        "_cancel_at",
         "_cancelled_by",
         "_creds",
         "_ctx",
@@ -237,6 +238,7 @@ class Invocation:
         self._creds: dict[str, str] | None = None  # submitted credentials: memory only
         self._lease_trouble = False  # stopping because the lease is lost or expiring
         self._mode: CancelMode | None = None
+        self._cancel_at: float | None = None  # time.time() of the first cancel request
         self._unsaid_cancel = False  # an immediate cancel's event waits for its stream to close
         self._opened = False  # durable, its ids known (see _open): events may be published
         self._reason: str | None = None
@@ -340,6 +342,8 @@ class Invocation:
     ) -> None:
         if self._ending:  # the ending is decided: a cancel now changes nothing
             return
+        if self._cancel_at is None:
+            self._cancel_at = time.time()
         if self._reason is None:
             self._reason = reason
         if self._cancelled_by is None:
@@ -756,6 +760,7 @@ class Invocation:
             pending_approvals=ended.pending_approvals,
             gates=dict(ended.gates),
             store_error=store_error or self.recorder.store_error,
+            cancel_requested_at=self._cancel_at,
         )
         if self._hooks is not None:  # shielded, bounded; before wait() returns (see .hooks)
             await self._hooks.ended(outcome)

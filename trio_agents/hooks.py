@@ -24,6 +24,11 @@ need).  Each method gets the invocation's :class:`InvocationInfo` first, then on
                             the error, or ``cut_off`` by a cancel); called exactly once after
                             each ``on_model_start``, in the same task, shielded, whatever
                             the ending - before the turn is journaled
+``on_record(event)``        every event this run journals durably (a turn, a tool call's
+                            intent and result, a step's end, a gate's request and end),
+                            inline, once it is stored and published, by the task that
+                            recorded it (the gate ends a cancel journals with the terminal
+                            event are not: see ``Outcome.gates``)
 ``on_event(event)``         every :class:`~trio_agents.events.Event` of this run, in id order,
                             deltas and the terminal event included: what
                             ``inv.events(after_seq=<where this run began>)`` yields
@@ -37,13 +42,13 @@ what the invocation does.
 
 Who owns the calls
     The inline methods (``on_invocation_start``, ``on_model_start``, ``on_model_end``,
-    ``on_tool_start``, ``on_tool_end``, ``on_gate``) are awaited by the task that reached the
-    point - the invocation's own task, or the tool call's task - inside the invocation's cancel
-    scope.  ``on_invocation_start`` and ``on_invocation_end`` are awaited by the invocation's
-    own task, whose context variables are a copy of those of the caller of ``start`` /
-    ``resume``.  The durable write comes
-    first (the recorder calls the hook after it stored and published the event), so a hook
-    never sees something the journal does not hold.
+    ``on_tool_start``, ``on_tool_end``, ``on_gate``, ``on_record``) are awaited by the task
+    that reached the point - the invocation's own task, or the tool call's task - inside the
+    invocation's cancel scope.  ``on_invocation_start`` and ``on_invocation_end`` are awaited
+    by the invocation's own task, whose context variables are a copy of those of the caller
+    of ``start`` / ``resume``.  The durable write comes first (the recorder calls the hook
+    after it stored and published the event), so a hook never sees something the journal
+    does not hold.
 
     ``on_event`` is called by one follower task per invocation (only if some hook has
     ``on_event``), reading an :class:`~._stream.EventStream` over the invocation's live log.
@@ -90,6 +95,12 @@ Trace context
     gets the first run's as :attr:`InvocationInfo.first_trace` (to link to it).
     :data:`outgoing_trace` holds headers that the model adapters add to every model HTTP
     request made in the task (and the tasks it spawns).
+
+Fewer events
+    A hook object may have an ``event_kinds`` attribute, a collection of event ``kind``
+    strings: its ``on_event`` and ``on_record`` are then called for those kinds only (most
+    events are deltas; a hook that needs none saves a call for each).  ``on_record`` with
+    ``event_kinds`` costs nothing for the other kinds, and needs no follower task.
 """
 
 from __future__ import annotations
@@ -143,6 +154,7 @@ HOOK_METHODS: Final = (
     "on_tool_start",
     "on_tool_end",
     "on_gate",
+    "on_record",
     "on_invocation_end",
 )
 
@@ -223,6 +235,9 @@ class Hooks:
     async def on_gate(self, inv: InvocationInfo, request: ApprovalRequested) -> None:
         """A tool call waits for a person's approval (``request.approval_id``)."""
 
+    async def on_record(self, inv: InvocationInfo, event: Event) -> None:
+        """An event this run journaled durably, inline, once stored and published."""
+
     async def on_invocation_end(self, inv: InvocationInfo, outcome: Outcome) -> None:
         """The invocation ended; its terminal event is stored and published."""
 
@@ -293,7 +308,7 @@ class HookSet:
     """A runner's hooks, checked once; :meth:`bind` makes each invocation's
     :class:`InvocationHooks`."""
 
-    __slots__ = ("by_method", "timeout", "tracers")
+    __slots__ = ("by_method", "event_kinds", "timeout", "tracers")
 
     def __init__(self, hooks: Sequence[object], *, timeout: float) -> None:
         if isinstance(hooks, (str, bytes)) or not isinstance(hooks, (list, tuple)):
@@ -303,9 +318,21 @@ class HookSet:
         self.timeout = float(timeout)
         self.by_method: dict[str, list[tuple[str, HookMethod]]] = {}
         self.tracers: list[tuple[str, Callable[[], Mapping[str, str]]]] = []
+        self.event_kinds: dict[HookMethod, frozenset[str]] = {}  # on_event methods filtered
         for hook in hooks:
             for name, method in _methods_of(hook).items():
                 self.by_method.setdefault(name, []).append((_hook_name(hook), method))
+            kinds = getattr(hook, "event_kinds", None)
+            methods = _methods_of(hook)
+            if kinds is not None and ("on_event" in methods or "on_record" in methods):
+                if isinstance(kinds, str) or not all(isinstance(k, str) for k in kinds):
+                    raise UsageError(
+                        f"hook {_hook_name(hook)!r}: event_kinds must be a collection of event "
+                        f"kinds (e.g. {{'approval_decided', 'ended'}}), got {kinds!r}"
+                    )
+                for name in ("on_event", "on_record"):
+                    if name in methods:
+                        self.event_kinds[methods[name]] = frozenset(kinds)
             tracer = getattr(hook, "trace_context", None)
             if tracer is not None:
                 if not callable(tracer) or inspect.iscoroutinefunction(tracer):
@@ -345,6 +372,7 @@ class InvocationHooks:
 
     __slots__ = (
         "_done",
+        "_event_kinds",
         "_follower",
         "_host",
         "_info",
@@ -359,6 +387,7 @@ class InvocationHooks:
         self._store = store
         self._methods = hooks.by_method
         self._timeout = hooks.timeout
+        self._event_kinds = hooks.event_kinds
         self._info = InvocationInfo(
             invocation_id=host.id,
             agent=host.agent.name,
@@ -370,7 +399,7 @@ class InvocationHooks:
         self._warned: set[tuple[str, str]] = set()
         self._follower: trio.CancelScope | None = None
         self._done: trio.Event | None = None
-        if any(name in self._methods for name in _INLINE.values()):
+        if "on_record" in self._methods or any(m in self._methods for m in _INLINE.values()):
             host.recorder.on_recorded = self._recorded
 
     # ---- the invocation's side ------------------------------------------------------------
@@ -425,6 +454,10 @@ class InvocationHooks:
         await self._call_all("on_invocation_end", outcome)
 
     async def _recorded(self, event: Event) -> None:
+        for name, fn in self._methods.get("on_record", ()):
+            kinds = self._event_kinds.get(fn)
+            if kinds is None or event.kind in kinds:
+                await self._call(name, "on_record", fn, (event,))
         method = _INLINE.get(type(event))
         if method is None or method not in self._methods:
             return
@@ -443,8 +476,14 @@ class InvocationHooks:
             with scope:
                 stream = EventStream(self._store, self._info.invocation_id, rec.origin, live=rec)
                 try:
+                    followers = [
+                        (name, fn, self._event_kinds.get(fn))
+                        for name, fn in self._methods.get("on_event", ())
+                    ]
                     async for event in stream:
-                        await self._call_all("on_event", event)
+                        for name, fn, kinds in followers:
+                            if kinds is None or event.kind in kinds:
+                                await self._call(name, "on_event", fn, (event,))
                 except Exception as exc:  # the store could not be read: stop following
                     why = f"on_event stopped: the events could not be read: {type(exc).__name__}"
                     self._failed("*", "on_event", exc, message=f"{why}: {exc}")

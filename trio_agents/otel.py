@@ -35,10 +35,11 @@ model call, in the task that runs it, and detached in that same task.
 
 Metrics: ``gen_ai.client.token.usage``, ``gen_ai.client.operation.duration``,
 ``gen_ai.invoke_agent.duration``, ``gen_ai.execute_tool.duration``, and ours:
-``trio_agents.cancel.duration`` (from the cancel request to the stopped invocation),
-``trio_agents.invocations.running`` and ``trio_agents.invocations.parked`` (up-down counters
-of this process), ``trio_agents.journal.write.duration`` (from an event's stamp to its
-durable write, as the hooks see it).
+``trio_agents.cancel.duration`` (from the first cancel request to the stopped invocation,
+its terminal event stored), ``trio_agents.invocations.running`` and
+``trio_agents.invocations.parked`` (observed when the metrics are collected: nothing is
+counted per run), ``trio_agents.journal.write.duration`` (a tool call's intent, from its stamp
+to its durable write).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from __future__ import annotations
 import contextvars
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from importlib.metadata import entry_points
 from typing import Any, Final
 
@@ -61,16 +62,7 @@ from ._exceptions import UsageError
 from ._outcome import Outcome
 from ._tracecontext import incoming as incoming_trace
 from ._tracecontext import outgoing as outgoing_trace
-from .events import (
-    ApprovalDecided,
-    ApprovalRequested,
-    CancelRequested,
-    Event,
-    InvocationEnded,
-    StepFinished,
-    ToolCallFinished,
-    ToolCallStarted,
-)
+from .events import ApprovalDecided, ApprovalRequested, Event, StepFinished, ToolCallStarted
 from .hooks import Hooks, InvocationInfo, ModelCall, ModelCallEnd
 from .messages import ToolCall, ToolResult
 
@@ -84,6 +76,7 @@ CANCEL_BY: Final = "trio_agents.cancel.by"
 FINISH_REASON: Final = "trio_agents.finish_reason"
 
 _PROPAGATOR: Final = TraceContextTextMapPropagator()
+_JOURNAL: Final = {"trio_agents.event.kind": "tool_call_started"}
 _TOKEN_BUCKETS: Final = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576)
 _SECOND_BUCKETS: Final = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24)
 
@@ -121,8 +114,6 @@ class _Run:
     call_paths: dict[str, str] = attrs.field(factory=dict)  # tool call id -> its step path
     tools: dict[str, tuple[Span, float, _Attached | None]] = attrs.field(factory=dict)
     gates: dict[str, Span] = attrs.field(factory=dict)
-    cancel_at: float | None = None  # wall time of the cancel request
-    ended_at: float | None = None  # wall time of the terminal event
 
 
 class OTelHooks(Hooks):
@@ -139,6 +130,8 @@ class OTelHooks(Hooks):
     """
 
     name = "otel"
+    event_kinds = frozenset({"approval_decided", "step_finished", "tool_call_started"})
+    """The events :meth:`on_record` needs (see :mod:`trio_agents.hooks`, "Fewer events")."""
 
     def __init__(
         self,
@@ -189,15 +182,18 @@ class OTelHooks(Hooks):
             description="From an event's stamp to its durable write (tool intents and results)",
             explicit_bucket_boundaries_advisory=_SECOND_BUCKETS,
         )
-        self._running = meter.create_up_down_counter(
+        # Read when the metrics are collected: nothing is counted per invocation.
+        meter.create_observable_up_down_counter(
             "trio_agents.invocations.running",
+            [self._count_running],
             unit="{invocation}",
-            description="Invocations running in this process",
+            description="Invocations running in this process (traced by these hooks)",
         )
-        self._parked = meter.create_up_down_counter(
+        meter.create_observable_up_down_counter(
             "trio_agents.invocations.parked",
+            [self._count_parked],
             unit="{invocation}",
-            description="Gates (approvals) waiting for a person in this process",
+            description="Invocations of this process waiting for a person's approval",
         )
 
     # ---- trace context ------------------------------------------------------------------------
@@ -236,7 +232,6 @@ class OTelHooks(Hooks):
         )
         run = _Run(info=inv, span=span, started=time.perf_counter())
         self._runs[inv.invocation_id] = run
-        self._running.add(1, {"gen_ai.agent.name": inv.agent})
         # Current in the invocation's task (and so in the tasks it spawns: trio copies the
         # context); detached in on_invocation_end, which this same task awaits.
         run.attached = self._attach(span)
@@ -350,9 +345,9 @@ class OTelHooks(Hooks):
             start_time=_ns(request.at),
         )
         run.gates[request.approval_id] = span
-        self._parked.add(1, {"gen_ai.agent.name": inv.agent})
 
-    async def on_event(self, inv: InvocationInfo, event: Event) -> None:
+    async def on_record(self, inv: InvocationInfo, event: Event) -> None:
+        """Inline, in the recording task, right after the durable write (``event_kinds``)."""
         run = self._runs.get(inv.invocation_id)
         if run is None:
             return
@@ -360,19 +355,13 @@ class OTelHooks(Hooks):
             span = run.gates.pop(event.approval_id, None)
             if span is not None:
                 self._end_gate(run, span, event.state, event.by, event.reason, _ns(event.at))
-        elif isinstance(event, CancelRequested):
-            if run.cancel_at is None:
-                run.cancel_at = event.at
         elif isinstance(event, StepFinished):
             step = run.steps.pop(event.path, None)
             if step is not None:
                 step.end(end_time=_ns(event.at))
-        elif isinstance(event, (ToolCallStarted, ToolCallFinished)):
-            # The time from its stamp to now: its durable write, plus how far this follower
-            # is behind (small: it reads the live log).
-            self._journal_duration.record(max(0.0, time.time() - event.at), {"kind": event.kind})
-        elif isinstance(event, InvocationEnded):
-            run.ended_at = event.at
+        elif isinstance(event, ToolCallStarted):
+            # From its stamp to now: the journal's write (the tool waits for it).
+            self._journal_duration.record(max(0.0, time.time() - event.at), _JOURNAL)
 
     async def on_invocation_end(self, inv: InvocationInfo, outcome: Outcome) -> None:
         run = self._runs.pop(inv.invocation_id, None)
@@ -421,10 +410,9 @@ class OTelHooks(Hooks):
         }
         if cancelled:
             span.set_attributes(ending)
-            if run.cancel_at is not None:
-                stopped = run.ended_at if run.ended_at is not None else time.time()
+            if outcome.cancel_requested_at is not None:  # the terminal event is stored now
                 self._cancel_duration.record(
-                    max(0.0, stopped - run.cancel_at),
+                    max(0.0, time.time() - outcome.cancel_requested_at),
                     {"gen_ai.agent.name": inv.agent, CANCEL_MODE: ending[CANCEL_MODE]},
                 )
         elif status == "failed":
@@ -437,11 +425,23 @@ class OTelHooks(Hooks):
         elif status == "paused" and outcome.pending_approvals:
             span.set_attribute("trio_agents.pending_approvals", outcome.pending_approvals)
         self._agent_duration.record(time.perf_counter() - run.started, metric)
-        self._running.add(-1, {"gen_ai.agent.name": inv.agent})
         self._detach(run.attached)
         span.end()
 
     # ---- helpers -----------------------------------------------------------------------------
+
+    def _count_running(self, options: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
+        counts: dict[str, int] = {}
+        for run in list(self._runs.values()):
+            counts[run.info.agent] = counts.get(run.info.agent, 0) + 1
+        return [metrics.Observation(n, {"gen_ai.agent.name": a}) for a, n in counts.items()]
+
+    def _count_parked(self, options: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
+        counts: dict[str, int] = {}
+        for run in list(self._runs.values()):
+            if run.gates:
+                counts[run.info.agent] = counts.get(run.info.agent, 0) + 1
+        return [metrics.Observation(n, {"gen_ai.agent.name": a}) for a, n in counts.items()]
 
     def _step(self, run: _Run, path: str) -> Span:
         """The span of the workflow step ``path`` (made at its first sight), or the run's."""
@@ -488,7 +488,6 @@ class OTelHooks(Hooks):
         if reason:
             span.set_attribute("trio_agents.approval.reason", reason)
         span.end(end_time=end_time)
-        self._parked.add(-1, {"gen_ai.agent.name": run.info.agent})
 
     @staticmethod
     def _attach(span: Span, *, headers: bool = False) -> _Attached:
