@@ -1,12 +1,14 @@
 """CPU per run with OpenTelemetry tracing off, on with a no-op exporter, and on with the batch
 exporter: the same runs, in this process.
 
-Three configurations of one runner: ``off`` (no hooks: what every run cost before tracing
-existed), ``noop`` (``OTelHooks`` on the SDK's providers, spans through a
-``SimpleSpanProcessor`` to an exporter that drops them, metrics into a reader that is never
-collected), ``batch`` (spans through a ``BatchSpanProcessor``, metrics through a
-``PeriodicExportingMetricReader``, both to exporters that drop what they get: the SDK's work
-in its threads is counted, since ``time.process_time()`` counts every thread).
+Four configurations of one runner: ``off`` (no hooks: what every run cost before tracing
+existed), ``api`` (``OTelHooks`` with OpenTelemetry's API alone, no SDK: installed but not
+configured - the cost of the hooks themselves), ``noop`` (``OTelHooks`` on the SDK's
+providers, spans through a ``SimpleSpanProcessor`` to an exporter that drops them, metrics
+into a reader that is never collected), ``batch`` (spans through a ``BatchSpanProcessor``,
+metrics through a ``PeriodicExportingMetricReader``, both to exporters that drop what they
+get: the SDK's work in its threads is counted, since ``time.process_time()`` counts every
+thread).
 
 Two runs: ``scripted`` (the scripted model: a turn with two tool calls, then a 20-chunk
 answer; memory store; no I/O, so this is the harshest ratio) and ``http`` (a 20-token answer
@@ -106,6 +108,14 @@ def configurations(off_only: bool) -> dict[str, Callable[[], tuple[list[Any], Ca
         def shutdown(self, timeout_millis: float = 30_000, **_: Any) -> None:
             pass
 
+    def api() -> tuple[list[Any], Callable[[], None]]:
+        from opentelemetry import metrics, trace
+
+        hooks = OTelHooks(
+            tracer_provider=trace.NoOpTracerProvider(), meter_provider=metrics.NoOpMeterProvider()
+        )
+        return [hooks], lambda: None
+
     def noop() -> tuple[list[Any], Callable[[], None]]:
         tracer = TracerProvider()
         tracer.add_span_processor(SimpleSpanProcessor(DropSpans()))
@@ -131,7 +141,7 @@ def configurations(off_only: bool) -> dict[str, Callable[[], tuple[list[Any], Ca
 
         return [hooks], shutdown
 
-    return {"off": off, "noop": noop, "batch": batch}
+    return {"off": off, "api": api, "noop": noop, "batch": batch}
 
 
 async def block(hooks: list[Any], make_agent: Callable[[int], ta.Agent], runs: int) -> float:
