@@ -22,7 +22,7 @@ from trio_agents.events import (
     decode,
     encode,
 )
-from trio_agents.hooks import InvocationInfo
+from trio_agents.hooks import InvocationInfo, ModelCall, ModelCallEnd
 from trio_agents.messages import ToolCall, ToolResult
 from trio_agents.models import ScriptedModel, ScriptedTurn
 from trio_agents.runner import Invocation, Outcome, Runner
@@ -462,3 +462,82 @@ def test_bad_hooks_are_usage_errors() -> None:
         Runner(hooks=ta.Hooks())  # type: ignore[arg-type]
     with pytest.raises(ta.UsageError, match="hook_timeout must be positive"):
         Runner(hooks=[ta.Hooks()], hook_timeout=0)
+
+
+# ---- model turns, durable records, event kinds --------------------------------------------
+
+
+class ModelWatch(ta.Hooks):
+    """Records model turns and the durable events of the kinds it asks for."""
+
+    event_kinds = frozenset({"turn_finished", "tool_call_started"})
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.tasks: list[object] = []
+
+    async def on_model_start(self, inv: InvocationInfo, call: ModelCall) -> None:
+        self.calls.append(("model_start", call))
+        self.tasks.append(trio.lowlevel.current_task())
+
+    async def on_model_end(self, inv: InvocationInfo, end: ModelCallEnd) -> None:
+        self.calls.append(("model_end", end))
+        self.tasks.append(trio.lowlevel.current_task())
+
+    async def on_record(self, inv: InvocationInfo, event: Event) -> None:
+        self.calls.append(("record", event.kind))
+
+
+async def test_model_hooks_pair_around_each_turn(autojump_clock: trio.abc.Clock) -> None:
+    """on_model_start / on_model_end pair around each model turn, in the same task, the end
+    before the turn is journaled (on_record of turn_finished comes after it); on_record gets
+    only the kinds in ``event_kinds``."""
+    hook = ModelWatch()
+    model = ScriptedModel([SEARCH, "found it"])
+    async with Runner(hooks=[hook]) as runner:
+        outcome = await runner.run(Agent(name="ops", model=model, tools=Probe().tools()), "go")
+    assert outcome.status == "completed"
+    kinds = [m if m != "record" else f"record:{r}" for m, r in hook.calls]
+    assert kinds == [
+        "model_start",
+        "model_end",
+        "record:turn_finished",
+        "record:tool_call_started",
+        "model_start",
+        "model_end",
+        "record:turn_finished",
+    ]
+    starts = [r for m, r in hook.calls if m == "model_start"]
+    ends = [r for m, r in hook.calls if m == "model_end"]
+    assert [c.turn for c in starts] == [1, 2]
+    assert [(e.call, e.cut_off, e.error) for e in ends] == [(c, False, None) for c in starts]
+    assert ends[1].response is not None
+    assert ends[1].response.message.text == "found it"
+    assert hook.tasks[0] is hook.tasks[1]
+
+
+@pytest.mark.parametrize("ending", ["cancel", "error"])
+async def test_model_end_comes_once_however_the_turn_ends(
+    autojump_clock: trio.abc.Clock, ending: str
+) -> None:
+    """An immediate cancel mid-stream: on_model_end once, ``cut_off``; a model error: once,
+    with the error."""
+    hook = ModelWatch()
+    broken = ta.StreamBrokenError("reset")
+    turn = ScriptedTurn(
+        chunks=("a", "b", "c"), delay=1, error=broken if ending == "error" else None
+    )
+    async with Runner(hooks=[hook]) as runner:
+        inv = await runner.start(Agent(name="ops", model=ScriptedModel([turn])), "go")
+        if ending == "cancel":
+            await trio.sleep(1.5)
+            inv.cancel(reason="stop")
+        outcome = await inv.wait()
+    [end] = [r for m, r in hook.calls if m == "model_end"]
+    if ending == "cancel":
+        assert outcome.status == "cancelled"
+        assert (end.cut_off, end.error, end.response) == (True, None, None)
+        assert outcome.cancel_requested_at is not None
+    else:
+        assert outcome.status == "failed"
+        assert (end.cut_off, end.error) == (False, broken)
