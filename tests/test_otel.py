@@ -300,7 +300,7 @@ async def test_an_approval_wait_is_a_span_with_its_end_and_who(
     if approved:
         assert tool_span.status.status_code is StatusCode.UNSET
     else:
-        assert attrs_of(tool_span)["trio_agents.tool.ran"] is False
+        assert attrs_of(tool_span)["trio_agents.tool.started_in_run"] is False
     assert otel.opened.still_open() == []
     assert otel.points("trio_agents.invocations.parked") == []
 

@@ -304,6 +304,8 @@ class OTelHooks(Hooks):
         run = self._runs.get(inv.invocation_id)
         if run is None:
             return
+        if call.id in run.tools:  # started again after a credential wait: one span goes on
+            return
         span = self._tool_span(run, call.id, call.name)
         attached = self._attach(span)
         run.tools[call.id] = (span, time.perf_counter(), attached)
@@ -313,9 +315,10 @@ class OTelHooks(Hooks):
         if run is None:
             return
         found = run.tools.pop(result.call_id, None)
-        if found is None:  # answered without running (declined, not started, unknown outcome)
+        if found is None:  # not started in this run: declined, not run, unknown outcome after
+            # a crash, or the result of a long-running call started in an earlier run
             span = self._tool_span(run, result.call_id, result.name)
-            span.set_attribute("trio_agents.tool.ran", False)
+            span.set_attribute("trio_agents.tool.started_in_run", False)
             found = (span, time.perf_counter(), None)
         span, began, attached = found
         self._detach(attached)
