@@ -11,11 +11,13 @@ under ``autojump_clock``, or the fake OpenAI server and the real server over HTT
 from __future__ import annotations
 
 import json
+import math
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 from opentelemetry.context import Context
@@ -30,10 +32,12 @@ from trio_websocket import wrap_client_stream
 import trio_agents as ta
 from trio_agents.agents import Agent
 from trio_agents.events import ApprovalRequested
+from trio_agents.hooks import lease_rounds
 from trio_agents.messages import ToolCall, Usage
 from trio_agents.models import ScriptedModel, ScriptedTurn
 from trio_agents.otel import OTelHooks
 from trio_agents.runner import Invocation, Runner
+from trio_agents.stores import Lease, MemoryStore, Store
 from trio_agents.testing import open_fake_openai_server, openai_stream
 from trio_agents.tools import tool
 
@@ -487,4 +491,57 @@ async def test_workflow_steps_are_parents(otel: Telemetry, autojump_clock: trio.
         steps["write"].context.span_id,
     ]
     assert (steps["research"].end_time or 0) <= (steps["write"].start_time or 0)
+    assert otel.opened.still_open() == []
+
+
+class SlowRenewals:
+    """A store whose lease renewals take ``wait`` seconds more."""
+
+    def __init__(self, inner: Store, wait: float) -> None:
+        self._inner = inner
+        self.wait = wait
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def renew_leases(self, leases: Sequence[Lease], *, ttl: float) -> list[Any]:
+        await trio.sleep(self.wait)
+        result: list[Any] = await self._inner.renew_leases(leases, ttl=ttl)
+        return result
+
+
+async def test_late_lease_renewals_and_a_stop_for_the_lease(
+    otel: Telemetry, autojump_clock: trio.abc.Clock
+) -> None:
+    """A 6 s lease: rounds 2 s apart, late when answered more than 2/3 s after their time.
+    Renewals that take 1 s are late (the lease holds: the invocation runs on); renewals that
+    take longer than the lease's useful part are missed and the invocation stops itself
+    (``lease expired``): ``trio_agents.lease.renewals.late`` reads the process's counters at
+    collection, ``trio_agents.lease.stops`` counts the stop."""
+    before = attrs.evolve(lease_rounds())
+    store = SlowRenewals(MemoryStore(), wait=1.0)
+    waiting = Agent(
+        name="waiter", model=ScriptedModel([ScriptedTurn(chunks=("x",), first_delay=math.inf)])
+    )
+    async with Runner(store=store, lease_ttl=6.0, hooks=[otel.hooks]) as runner:
+        inv = await runner.start(waiting, "go")
+        await trio.sleep(20)
+        assert inv.is_active()
+        late = lease_rounds().late - before.late
+        assert late >= 8
+        assert lease_rounds().missed == before.missed
+        store.wait = 100.0
+        with trio.fail_after(60):
+            outcome = await inv.wait()
+        await trio.sleep(10)  # the round in flight is cut off (the invocation stopped first)
+    assert outcome.status == "cancelled"
+    assert (outcome.reason or "").startswith("lease ")
+    assert lease_rounds().missed > before.missed
+    points = {
+        p.attributes["trio_agents.lease.round"]: p.value
+        for p in otel.points("trio_agents.lease.renewals.late")
+    }
+    assert points == {"late": lease_rounds().late, "missed": lease_rounds().missed}
+    [stop] = otel.points("trio_agents.lease.stops")
+    assert (stop.value, stop.attributes) == (1, {"gen_ai.agent.name": "waiter"})
     assert otel.opened.still_open() == []

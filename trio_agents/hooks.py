@@ -101,6 +101,11 @@ Fewer events
     strings: its ``on_event`` and ``on_record`` are then called for those kinds only (most
     events are deltas; a hook that needs none saves a call for each).  ``on_record`` with
     ``event_kinds`` costs nothing for the other kinds, and needs no follower task.
+
+Statistics
+    What no single invocation sees is counted process-wide, for a hook (or anything) to read
+    when it likes: :func:`lease_rounds` - the lease renewal rounds of all the runners of this
+    process, how many were late or missed (:class:`LeaseRounds`).
 """
 
 from __future__ import annotations
@@ -116,6 +121,7 @@ import trio
 from ._exceptions import UsageError
 from ._outcome import Outcome
 from ._recorder import Recorder
+from ._statistics import LeaseRounds, lease_rounds
 from ._stream import EventStream
 from ._tracecontext import incoming as incoming_trace
 from ._tracecontext import outgoing as outgoing_trace
@@ -138,9 +144,11 @@ __all__ = [
     "Hooks",
     "InvocationHooks",
     "InvocationInfo",
+    "LeaseRounds",
     "ModelCall",
     "ModelCallEnd",
     "incoming_trace",
+    "lease_rounds",
     "outgoing_trace",
 ]
 

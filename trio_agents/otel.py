@@ -39,7 +39,10 @@ Metrics: ``gen_ai.client.token.usage``, ``gen_ai.client.operation.duration``,
 its terminal event stored), ``trio_agents.invocations.running`` and
 ``trio_agents.invocations.parked`` (observed when the metrics are collected: nothing is
 counted per run), ``trio_agents.journal.write.duration`` (a tool call's intent, from its stamp
-to its durable write).
+to its durable write), ``trio_agents.lease.renewals.late`` (the process's lease renewal
+rounds answered late or missed, :func:`trio_agents.hooks.lease_rounds`, observed at
+collection) and ``trio_agents.lease.stops`` (invocations that stopped themselves for their
+lease).
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ from ._outcome import Outcome
 from ._tracecontext import incoming as incoming_trace
 from ._tracecontext import outgoing as outgoing_trace
 from .events import ApprovalDecided, ApprovalRequested, Event, StepFinished, ToolCallStarted
-from .hooks import Hooks, InvocationInfo, ModelCall, ModelCallEnd
+from .hooks import Hooks, InvocationInfo, ModelCall, ModelCallEnd, lease_rounds
 from .messages import ToolCall, ToolResult
 
 __all__ = ["OTelHooks", "Telemetry", "configure"]
@@ -194,6 +197,19 @@ class OTelHooks(Hooks):
             [self._count_parked],
             unit="{invocation}",
             description="Invocations of this process waiting for a person's approval",
+        )
+        meter.create_observable_counter(
+            "trio_agents.lease.renewals.late",
+            [self._count_late_rounds],
+            unit="{round}",
+            description="Lease renewal rounds of this process answered more than a third of "
+            "their period late, or missed (trio_agents.lease.round: late / missed)",
+        )
+        self._lease_stops = meter.create_counter(
+            "trio_agents.lease.stops",
+            unit="{invocation}",
+            description="Invocations that stopped themselves for their lease (lost, or not "
+            "renewed in time)",
         )
 
     # ---- trace context ------------------------------------------------------------------------
@@ -413,6 +429,8 @@ class OTelHooks(Hooks):
         }
         if cancelled:
             span.set_attributes(ending)
+            if outcome.reason is not None and outcome.reason.startswith("lease "):
+                self._lease_stops.add(1, {"gen_ai.agent.name": inv.agent})
             if outcome.cancel_requested_at is not None:  # the terminal event is stored now
                 self._cancel_duration.record(
                     max(0.0, time.time() - outcome.cancel_requested_at),
@@ -445,6 +463,16 @@ class OTelHooks(Hooks):
             if run.gates:
                 counts[run.info.agent] = counts.get(run.info.agent, 0) + 1
         return [metrics.Observation(n, {"gen_ai.agent.name": a}) for a, n in counts.items()]
+
+    @staticmethod
+    def _count_late_rounds(
+        options: metrics.CallbackOptions,
+    ) -> Iterable[metrics.Observation]:
+        rounds = lease_rounds()
+        return [
+            metrics.Observation(rounds.late, {"trio_agents.lease.round": "late"}),
+            metrics.Observation(rounds.missed, {"trio_agents.lease.round": "missed"}),
+        ]
 
     def _step(self, run: _Run, path: str) -> Span:
         """The span of the workflow step ``path`` (made at its first sight), or the run's."""
