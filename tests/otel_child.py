@@ -1,9 +1,10 @@
 """The first run of an invocation, in its own process, for tests/test_otel.py.
 
 ``python -m tests.otel_child STORE_URL TRACEPARENT``: start the ``ops`` agent (one gated tool)
-as if a server had received ``TRACEPARENT``; it pauses at its gate (``approval_timeout=0``).
-Print, as one JSON object: the invocation and approval ids, the status, and the trace id and
-parent span id of the run's ``invoke_agent`` span (exported in memory).
+as if a server had received ``TRACEPARENT`` (``-``: no caller's trace context at all); it
+pauses at its gate (``approval_timeout=0``).  Print, as one JSON object: the invocation and
+approval ids, the status, and the trace id, span id and parent span id (``null``: a root) of
+the run's ``invoke_agent`` span (exported in memory).
 """
 
 from __future__ import annotations
@@ -38,14 +39,14 @@ async def main(url: str, traceparent: str) -> None:
     agent = Agent(name="ops", model=ScriptedModel([turn, "done"]), tools=[deploy])
     hooks = OTelHooks(tracer_provider=provider)
     async with Runner(url, agents=[agent], hooks=[hooks], approval_timeout=0) as runner:
-        token = incoming_trace.set({"traceparent": traceparent})  # as the server does
+        caller = {"traceparent": traceparent} if traceparent != "-" else {}
+        token = incoming_trace.set(caller)  # as the server does
         try:
             inv = await runner.start(agent, "ship it")
         finally:
             incoming_trace.reset(token)
         outcome = await inv.wait()
     [span] = [s for s in exported.get_finished_spans() if s.name == "invoke_agent ops"]
-    assert span.parent is not None
     print(
         json.dumps(
             {
@@ -53,7 +54,8 @@ async def main(url: str, traceparent: str) -> None:
                 "approval_id": outcome.pending_approvals[0] if outcome.pending_approvals else None,
                 "status": outcome.status,
                 "trace_id": f"{span.context.trace_id:032x}",
-                "parent": f"{span.parent.span_id:016x}",
+                "span_id": f"{span.context.span_id:016x}",
+                "parent": f"{span.parent.span_id:016x}" if span.parent is not None else None,
             }
         )
     )

@@ -20,6 +20,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
+from opentelemetry import context as otel_context
 from opentelemetry.context import Context
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -384,16 +385,24 @@ async def test_traceparent_from_the_server_request_to_the_model_request(otel: Te
     assert attrs_of(chat)["gen_ai.response.finish_reasons"] == ("stop",)
 
 
+@pytest.mark.parametrize("caller", [True, False], ids=["caller", "no-caller"])
 async def test_a_resume_in_another_process_links_to_the_first_trace(
-    otel: Telemetry, tmp_path: Path
+    otel: Telemetry, tmp_path: Path, caller: bool
 ) -> None:
-    """A child process starts the invocation under a caller's trace context and parks at its
-    gate (it pauses: ``approval_timeout=0``), then exits.  This process approves and resumes
-    it: the resumed run's invoke_agent span links to the first run's caller, in the first
-    run's trace, whose own invoke_agent span (exported by the child) is in that trace too."""
+    """A child process starts the invocation - under a caller's trace context, or under none
+    - and parks at its gate (it pauses: ``approval_timeout=0``), then exits.  This process
+    approves and resumes it: the resumed run's invoke_agent span links to the first run's
+    invoke_agent span (exported by the child), in the caller's trace or in the one the first
+    run began."""
     db = tmp_path / "agents.db"
     done = await trio.run_process(
-        [sys.executable, "-m", "tests.otel_child", f"sqlite:///{db}", TRACEPARENT],
+        [
+            sys.executable,
+            "-m",
+            "tests.otel_child",
+            f"sqlite:///{db}",
+            TRACEPARENT if caller else "-",
+        ],
         cwd=ROOT,
         capture_stdout=True,
         capture_stderr=True,
@@ -402,8 +411,11 @@ async def test_a_resume_in_another_process_links_to_the_first_trace(
     assert done.returncode == 0, done.stderr.decode()
     first = json.loads(done.stdout.decode())
     assert first["status"] == "paused"
-    assert first["trace_id"] == PARENT_TRACE
-    assert first["parent"] == PARENT_SPAN
+    if caller:
+        assert (first["trace_id"], first["parent"]) == (PARENT_TRACE, PARENT_SPAN)
+    else:
+        assert first["parent"] is None
+        assert first["trace_id"] != PARENT_TRACE
     model = ScriptedModel(["done"])  # the first turn is journaled: not asked again
     agent = Agent(name="ops", model=model, tools=[deploy])
     async with Runner(f"sqlite:///{db}", agents=[agent], hooks=[otel.hooks]) as runner:
@@ -414,9 +426,10 @@ async def test_a_resume_in_another_process_links_to_the_first_trace(
     assert outcome.status == "completed"
     root = otel.one("invoke_agent ops")
     assert attrs_of(root)["trio_agents.invocation.resumed"] is True
+    assert root.parent is None  # resumed by this code, under no span
     [link] = root.links
-    assert f"{link.context.trace_id:032x}" == PARENT_TRACE
-    assert f"{link.context.span_id:016x}" == PARENT_SPAN
+    assert f"{link.context.trace_id:032x}" == first["trace_id"]
+    assert f"{link.context.span_id:016x}" == first["span_id"]
     assert dict(link.attributes or {}) == {"trio_agents.link": "first_run"}
     assert otel.one("execute_tool deploy").parent is not None
     assert otel.opened.still_open() == []
@@ -491,6 +504,39 @@ async def test_workflow_steps_are_parents(otel: Telemetry, autojump_clock: trio.
         steps["write"].context.span_id,
     ]
     assert (steps["research"].end_time or 0) <= (steps["write"].start_time or 0)
+    # A step's span begins when the step does: before its first model call.
+    assert (steps["write"].start_time or 0) <= (chats[2].start_time or 0)
+    assert attrs_of(steps["write"])["trio_agents.step.agent"] == "write"
+    assert otel.opened.still_open() == []
+
+
+async def test_a_turn_loops_turns_have_the_senders_span_as_parent(
+    otel: Telemetry, autojump_clock: trio.abc.Clock
+) -> None:
+    """A turn loop opened under the span ``session``: a message sent under the span
+    ``message`` is answered by a turn whose invoke_agent is that span's child; a message sent
+    with no span current, by a turn under the loop's opener's span (the conversation)."""
+    tracer = otel.tracer_provider.get_tracer("test")
+    chat = Agent(name="chat", model=ScriptedModel([ScriptedTurn.text("hi")], repeat=True))
+    async with Runner(hooks=[otel.hooks]) as runner:
+        with tracer.start_as_current_span("session") as session:
+            async with runner.open_turn_loop(chat, session_id="s1") as loop:
+                with tracer.start_as_current_span("message") as message:
+                    await loop.send("first")
+                await loop.idle()
+                # A sender with no span of its own: the loop's opener's is the parent.
+                token = otel_context.attach(Context())
+                try:
+                    await loop.send("second")
+                finally:
+                    otel_context.detach(token)
+                await loop.idle()
+    turns = sorted(otel.named("invoke_agent chat"), key=lambda s: s.start_time or 0)
+    assert [parent_of(s) for s in turns] == [
+        message.get_span_context().span_id,
+        session.get_span_context().span_id,
+    ]
+    assert {attrs_of(s)["gen_ai.conversation.id"] for s in turns} == {"s1"}
     assert otel.opened.still_open() == []
 
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Final
 
 import attrs
@@ -166,6 +166,7 @@ class Invocation:
     # Slots: a runner holds thousands of these; an instance dict costs a KiB or two each.
     __slots__ = (
         "_by_loop",
+        "_caller_trace",
         "_cancel_at",
         "_cancelled_by",
         "_creds",
@@ -216,6 +217,7 @@ class Invocation:
         by_loop: bool = False,
         taken_over_from: str | None = None,
         expect_epoch: int | None = None,
+        caller_trace: Mapping[str, str] | None = None,
     ) -> None:
         self.id = invocation_id
         self.agent = agent
@@ -227,6 +229,7 @@ class Invocation:
         self._by_loop = by_loop  # a turn resumed by its loop (see InvocationStarted.by_loop)
         self._taken_over_from = taken_over_from  # a recovered orphan's lost owner
         self._expect_epoch = expect_epoch  # ... and the epoch of its lapsed lease
+        self._caller_trace = caller_trace  # a turn loop's: its message's sender's trace context
         self._env = env
         self._token = trio.lowlevel.current_trio_token()
         self._scope = trio.CancelScope()
@@ -395,6 +398,10 @@ class Invocation:
         hooks = self._hooks
         return hooks if hooks is not None and hooks.wants_model_calls() else None
 
+    def _step_hooks(self) -> InvocationHooks | None:
+        hooks = self._hooks
+        return hooks if hooks is not None and hooks.wants_steps() else None
+
     def _track_stream(self, scope: trio.CancelScope, *, add: bool) -> None:
         if not add:
             self._stream_scopes.remove(scope)
@@ -557,11 +564,16 @@ class Invocation:
         loop's claim of the messages this invocation answers."""
         env, rec = self._env, self.recorder
         sent_at = trio.current_time()
-        # The caller's trace context (this is the caller's task): see hooks, "Trace context".
-        trace = dict(env.hooks.trace_context() if env.hooks is not None else incoming_trace.get())
+        # The caller's trace context (this is the caller's task), then the run's own, stored
+        # in its started event: see hooks, "Trace context".
+        caller = dict(
+            self._caller_trace
+            or (env.hooks.trace_context() if env.hooks is not None else incoming_trace.get())
+        )
+        trace = env.hooks.run_trace(caller) if env.hooks is not None else caller
         if not self.resumed:
             if self._hooks is not None:
-                self._hooks.traced(trace, trace)
+                self._hooks.traced(trace, caller, trace)
             started = rec.stamp_durable(
                 InvocationStarted,
                 agent=self.agent.name,
@@ -623,7 +635,7 @@ class Invocation:
                     rec.path_text(event.path).last = event.message.text
             if self._hooks is not None:
                 first = next((e for e in journal if isinstance(e, InvocationStarted)), None)
-                self._hooks.traced(trace, first.trace if first is not None else {})
+                self._hooks.traced(trace, caller, first.trace if first is not None else {})
             await rec.record(
                 InvocationStarted,
                 agent=self.agent.name,

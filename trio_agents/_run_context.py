@@ -17,6 +17,7 @@ import trio
 
 from . import approvals
 from ._exceptions import UsageError
+from ._outcome import signals
 from ._recorder import Recorder
 from .agents._context import ApprovalAnswer, GateSpec, StopRequested
 from .events import (
@@ -27,7 +28,7 @@ from .events import (
     ToolCallStarted,
     TurnFinished,
 )
-from .hooks import InvocationHooks, ModelCall, ModelCallEnd
+from .hooks import InvocationHooks, ModelCall, ModelCallEnd, StepCall, StepCallEnd
 from .messages import Message, ModelRequest, ModelResponse, ToolCall, ToolResult, Usage
 from .models._base import Model
 from .stores._base import ApprovalDecision
@@ -88,6 +89,10 @@ class ContextHost(Protocol):
         """The hooks to call around a model turn (``None``: none has a model method)."""
         ...
 
+    def _step_hooks(self) -> InvocationHooks | None:
+        """The hooks to call around a workflow step (``None``: none has a step method)."""
+        ...
+
 
 class InvocationContext:
     """The :class:`~trio_agents.agents.RunContext` an invocation hands its agent."""
@@ -125,6 +130,9 @@ class InvocationContext:
             if (p := getattr(e, "path", None)) is not None and (p == path or p.startswith(prefix))
         ]
         return InvocationContext(self._inv, journal, path, input)
+
+    def step(self, step: str, input: str) -> StepBlock:
+        return StepBlock(self, self.child(step, input))
 
     def check_stop(self) -> None:
         if self._inv._stopping():
@@ -329,3 +337,54 @@ class ModelTurn:
             end = ModelCallEnd(call=self._call, cut_off=True)
         with trio.CancelScope(shield=True):
             await self._hooks.model_ended(end)
+
+
+class StepBlock:
+    """One workflow step's block (:meth:`InvocationContext.step`): gives the step's context,
+    with ``on_step_start`` before it and ``on_step_end`` after it, shielded, whatever ended
+    it (see :mod:`.hooks`)."""
+
+    __slots__ = ("_call", "_child", "_hooks")
+
+    def __init__(self, parent: InvocationContext, child: InvocationContext) -> None:
+        self._child = child
+        self._hooks = parent._inv._step_hooks()
+        self._call = (
+            StepCall(path=child.path, agent=_step_agent(child.path))
+            if self._hooks is not None
+            else None
+        )
+
+    async def __aenter__(self) -> InvocationContext:
+        if self._hooks is not None and self._call is not None:
+            try:
+                await self._hooks.step_started(self._call)
+            except BaseException as exc:  # a cancel during the hook: end what it began
+                await self._ended(exc)
+                raise
+        return self._child
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self._ended(exc_value)
+
+    async def _ended(self, exc: BaseException | None) -> None:
+        if self._hooks is None or self._call is None:
+            return
+        if exc is None:
+            end = StepCallEnd(step=self._call, output=self._child._text.last)
+        elif isinstance(exc, Exception) and signals(exc) is None:
+            end = StepCallEnd(step=self._call, error=exc)
+        else:  # trio.Cancelled, a stop at a safe point, a pause
+            end = StepCallEnd(step=self._call, cut_off=True)
+        with trio.CancelScope(shield=True):
+            await self._hooks.step_ended(end)
+
+
+def _step_agent(path: str) -> str:
+    """The agent's name in a step path's last key (``"<index>:<name>"``)."""
+    return path.rpartition("/")[2].partition(":")[2]

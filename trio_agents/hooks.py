@@ -1,6 +1,6 @@
 """Lifecycle hooks: code of yours that the runner calls as an invocation lives and ends.
 
-``Runner(hooks=[...], hook_timeout=5.0)`` takes objects with any subset of eight async methods
+``Runner(hooks=[...], hook_timeout=5.0)`` takes objects with any subset of these async methods
 (subclass :class:`Hooks`, whose methods do nothing, or write any object with the methods you
 need).  Each method gets the invocation's :class:`InvocationInfo` first, then one record:
 
@@ -24,6 +24,13 @@ need).  Each method gets the invocation's :class:`InvocationInfo` first, then on
                             the error, or ``cut_off`` by a cancel); called exactly once after
                             each ``on_model_start``, in the same task, shielded, whatever
                             the ending - before the turn is journaled
+``on_step_start(step)``     a workflow step (:class:`StepCall`: its path, its agent) is about
+                            to run, in the task that runs it (a ``Parallel`` branch's own)
+``on_step_end(end)``        that step is over (:class:`StepCallEnd`: its output once its
+                            ``step_finished`` event is journaled, or the error, or
+                            ``cut_off`` by a cancel, a stop at a safe point or a pause);
+                            exactly once after each ``on_step_start``, in the same task,
+                            shielded, whatever the ending
 ``on_record(event)``        every event this run journals durably (a turn, a tool call's
                             intent and result, a step's end, a gate's request and end),
                             inline, once it is stored and published, by the task that
@@ -42,7 +49,8 @@ what the invocation does.
 
 Who owns the calls
     The inline methods (``on_invocation_start``, ``on_model_start``, ``on_model_end``,
-    ``on_tool_start``, ``on_tool_end``, ``on_gate``, ``on_record``) are awaited by the task
+    ``on_step_start``, ``on_step_end``, ``on_tool_start``, ``on_tool_end``, ``on_gate``,
+    ``on_record``) are awaited by the task
     that reached the point - the invocation's own task, or the tool call's task - inside the
     invocation's cancel scope.  ``on_invocation_start`` and ``on_invocation_end`` are awaited
     by the invocation's own task, whose context variables are a copy of those of the caller
@@ -90,9 +98,18 @@ Trace context
     str]``: the W3C trace context headers of the caller, asked in the caller's task when
     ``start`` or ``resume`` opens an invocation (the first non-empty answer wins; an
     exception there is logged and ignored).  Without one, the trace context of the request
-    the server is serving (:data:`incoming_trace`) is taken.  The runner stores it in the
-    ``started`` event; hooks get it as :attr:`InvocationInfo.trace`, and a resumed run also
-    gets the first run's as :attr:`InvocationInfo.first_trace` (to link to it).
+    the server is serving (:data:`incoming_trace`) is taken.  A turn loop's turn takes the
+    trace context of whoever sent the message it answers (asked in the task of
+    ``loop.send``), else its loop's opener's.  Hooks get it as
+    :attr:`InvocationInfo.caller_trace`.
+
+    A hook object may also have a plain method ``run_trace(self, caller: Mapping[str, str])
+    -> Mapping[str, str]``: the trace context of the run about to open, given its caller's -
+    e.g. the span the hook starts for the run, so that the run's own context, not only its
+    caller's, is known before anything is stored (the first non-empty answer wins; without
+    one, the caller's is the run's).  The runner stores the run's context in the ``started``
+    event before the run begins; hooks get it as :attr:`InvocationInfo.trace`, and a resumed
+    run also gets the first run's as :attr:`InvocationInfo.first_trace` (to link to it).
     :data:`outgoing_trace` holds headers that the model adapters add to every model HTTP
     request made in the task (and the tasks it spawns).
 
@@ -147,6 +164,8 @@ __all__ = [
     "LeaseRounds",
     "ModelCall",
     "ModelCallEnd",
+    "StepCall",
+    "StepCallEnd",
     "incoming_trace",
     "lease_rounds",
     "outgoing_trace",
@@ -159,6 +178,8 @@ HOOK_METHODS: Final = (
     "on_event",
     "on_model_start",
     "on_model_end",
+    "on_step_start",
+    "on_step_end",
     "on_tool_start",
     "on_tool_end",
     "on_gate",
@@ -185,7 +206,11 @@ class InvocationInfo:
     session_id: str | None = None
     resumed: bool = False
     trace: Mapping[str, str] = attrs.field(factory=dict, hash=False)
-    """The W3C trace context of the caller of this run's ``start`` / ``resume`` (may be empty)."""
+    """This run's W3C trace context, as its ``started`` event stores it: what a hook's
+    ``run_trace`` made of the caller's, else the caller's (may be empty)."""
+    caller_trace: Mapping[str, str] = attrs.field(factory=dict, hash=False)
+    """The trace context of whoever started this run (``start`` / ``resume``'s caller, the
+    server's request, a turn loop's message's sender); may be empty."""
     first_trace: Mapping[str, str] = attrs.field(factory=dict, hash=False)
     """The first run's ``trace``, as its ``started`` event stored it (a resumed run's link to
     the first run; on a first run, the same as ``trace``)."""
@@ -215,6 +240,28 @@ class ModelCallEnd:
     cut_off: bool = False
 
 
+@attrs.frozen(kw_only=True)
+class StepCall:
+    """A workflow step about to run (``on_step_start``)."""
+
+    path: str
+    """The step's path, as its events carry it (``"0:research"``, ``"1:review/0:draft"``)."""
+    agent: str
+    """The name of the step's agent (or workflow)."""
+
+
+@attrs.frozen(kw_only=True)
+class StepCallEnd:
+    """How a workflow step ended (``on_step_end``): ``output`` when it finished (its
+    ``step_finished`` event is journaled); ``error`` when it failed; ``cut_off`` when a
+    cancel, a stop at a safe point or a pause ended it (both ``None`` then)."""
+
+    step: StepCall
+    output: str | None = None
+    error: BaseException | None = None
+    cut_off: bool = False
+
+
 class Hooks:
     """Lifecycle hooks with methods that do nothing: override the ones you need.
 
@@ -233,6 +280,12 @@ class Hooks:
 
     async def on_model_end(self, inv: InvocationInfo, end: ModelCallEnd) -> None:
         """The model turn of the last ``on_model_start`` is over (same task, shielded)."""
+
+    async def on_step_start(self, inv: InvocationInfo, step: StepCall) -> None:
+        """A workflow step is about to run, in the task that runs it."""
+
+    async def on_step_end(self, inv: InvocationInfo, end: StepCallEnd) -> None:
+        """The step of the last ``on_step_start`` of this task is over (same task, shielded)."""
 
     async def on_tool_start(self, inv: InvocationInfo, call: ToolCall) -> None:
         """A tool call's intent is journaled; the tool runs when this returns."""
@@ -316,7 +369,7 @@ class HookSet:
     """A runner's hooks, checked once; :meth:`bind` makes each invocation's
     :class:`InvocationHooks`."""
 
-    __slots__ = ("by_method", "event_kinds", "timeout", "tracers")
+    __slots__ = ("by_method", "event_kinds", "run_tracers", "timeout", "tracers")
 
     def __init__(self, hooks: Sequence[object], *, timeout: float) -> None:
         if isinstance(hooks, (str, bytes)) or not isinstance(hooks, (list, tuple)):
@@ -326,6 +379,7 @@ class HookSet:
         self.timeout = float(timeout)
         self.by_method: dict[str, list[tuple[str, HookMethod]]] = {}
         self.tracers: list[tuple[str, Callable[[], Mapping[str, str]]]] = []
+        self.run_tracers: list[tuple[str, Callable[[Mapping[str, str]], Mapping[str, str]]]] = []
         self.event_kinds: dict[HookMethod, frozenset[str]] = {}  # on_event methods filtered
         for hook in hooks:
             for name, method in _methods_of(hook).items():
@@ -349,6 +403,14 @@ class HookSet:
                         f"returning the caller's trace context headers, got {tracer!r}"
                     )
                 self.tracers.append((_hook_name(hook), tracer))
+            run_tracer = getattr(hook, "run_trace", None)
+            if run_tracer is not None:
+                if not callable(run_tracer) or inspect.iscoroutinefunction(run_tracer):
+                    raise UsageError(
+                        f"hook {_hook_name(hook)!r}: run_trace must be a plain method "
+                        f"returning the run's trace context headers, got {run_tracer!r}"
+                    )
+                self.run_tracers.append((_hook_name(hook), run_tracer))
 
     def trace_context(self) -> Mapping[str, str]:
         """The caller's trace context (see the module docstring): ask the hooks that have
@@ -363,12 +425,25 @@ class HookSet:
                 return dict(found)
         return incoming_trace.get()
 
+    def run_trace(self, caller: Mapping[str, str]) -> dict[str, str]:
+        """The trace context of a run whose caller's is ``caller`` (see the module
+        docstring): ask the hooks that have ``run_trace``, in order; else ``caller``."""
+        for name, tracer in self.run_tracers:
+            try:
+                found = tracer(caller)
+            except Exception:
+                logger.warning("hook %s.run_trace raised; ignored", name, exc_info=True)
+                continue
+            if found:
+                return dict(found)
+        return dict(caller)
+
     @classmethod
     def of(cls, hooks: Sequence[object], *, timeout: float) -> HookSet | None:
         """The checked set, or ``None`` when no hook has a method to call (the runner then
         makes nothing per invocation)."""
         found = cls(hooks, timeout=timeout)
-        return found if found.by_method or found.tracers else None
+        return found if found.by_method or found.tracers or found.run_tracers else None
 
     def bind(self, host: HookHost, store: Store) -> InvocationHooks:
         """The hooks of the invocation ``host``, whose events are in ``store``."""
@@ -428,9 +503,13 @@ class InvocationHooks:
             finally:
                 follower.cancel()  # it has delivered the end already, unless main() broke
 
-    def traced(self, trace: Mapping[str, str], first_trace: Mapping[str, str]) -> None:
+    def traced(
+        self, trace: Mapping[str, str], caller: Mapping[str, str], first_trace: Mapping[str, str]
+    ) -> None:
         """The run's trace context is known (the invocation is being opened)."""
-        self._info = attrs.evolve(self._info, trace=trace, first_trace=first_trace)
+        self._info = attrs.evolve(
+            self._info, trace=trace, caller_trace=caller, first_trace=first_trace
+        )
 
     async def started(self) -> None:
         await self._call_all("on_invocation_start")
@@ -444,6 +523,16 @@ class InvocationHooks:
     async def model_ended(self, end: ModelCallEnd) -> None:
         """Call it shielded: it runs whatever ended the model turn."""
         await self._call_all("on_model_end", end)
+
+    def wants_steps(self) -> bool:
+        return "on_step_start" in self._methods or "on_step_end" in self._methods
+
+    async def step_started(self, step: StepCall) -> None:
+        await self._call_all("on_step_start", step)
+
+    async def step_ended(self, end: StepCallEnd) -> None:
+        """Call it shielded: it runs whatever ended the step."""
+        await self._call_all("on_step_end", end)
 
     async def ended(self, outcome: Outcome) -> None:
         """Let the follower deliver the terminal event, then call ``on_invocation_end``.

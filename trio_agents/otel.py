@@ -9,11 +9,14 @@ standard ``OTEL_*`` variables) needs the extra: ``pip install 'trio-agents[otel]
 Spans (see ``docs/guide-observability.md`` for every attribute)
 
 ``invoke_agent {agent}``
-    one per run of an invocation (a resume is a new run: its span is a child of whoever
-    resumed it and *links* to the first run's caller, stored in the ``started`` event).
+    one per run of an invocation, the child of whoever started it (the caller's current span,
+    the server's request, a turn loop's message's sender).  It is started before the run's
+    ``started`` event is stored (``run_trace``), and that event keeps its context: a resume
+    (a new run, in any process) *links* to the first run's ``invoke_agent`` span, whether or
+    not the first run had a caller.
 ``step {key}`` (``trio_agents.step``: the step's path)
     a workflow step (``Sequential`` / ``Parallel`` / ``Loop``): the parent of what runs in
-    it; it begins with the step's first model call and ends with its ``step_finished`` event.
+    it, from the step's start to its end (``on_step_start`` / ``on_step_end``).
 ``chat {model}``
     one per model turn: request and response model, token usage, finish reasons, the
     provider's request id.  Its W3C ``traceparent`` is sent with the model's HTTP request.
@@ -65,8 +68,16 @@ from ._exceptions import UsageError
 from ._outcome import Outcome
 from ._tracecontext import incoming as incoming_trace
 from ._tracecontext import outgoing as outgoing_trace
-from .events import ApprovalDecided, ApprovalRequested, Event, StepFinished, ToolCallStarted
-from .hooks import Hooks, InvocationInfo, ModelCall, ModelCallEnd, lease_rounds
+from .events import ApprovalDecided, ApprovalRequested, Event, ToolCallStarted
+from .hooks import (
+    Hooks,
+    InvocationInfo,
+    ModelCall,
+    ModelCallEnd,
+    StepCall,
+    StepCallEnd,
+    lease_rounds,
+)
 from .messages import ToolCall, ToolResult
 
 __all__ = ["OTelHooks", "Telemetry", "configure"]
@@ -81,6 +92,9 @@ FINISH_REASON: Final = "trio_agents.finish_reason"
 _PROPAGATOR: Final = TraceContextTextMapPropagator()
 _JOURNAL: Final = {"trio_agents.event.kind": "tool_call_started"}
 _TOKEN_BUCKETS: Final = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576)
+_OPENING_KEPT: Final = 4096
+"""invoke_agent spans started by run_trace whose run has not started yet: more means runs
+failed to open (their store write failed) - the oldest is ended."""
 _SECOND_BUCKETS: Final = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24)
 
 
@@ -113,6 +127,7 @@ class _Run:
     started: float  # perf_counter
     attached: _Attached | None = None
     steps: dict[str, Span] = attrs.field(factory=dict)
+    step_attached: dict[str, _Attached] = attrs.field(factory=dict)
     chats: dict[tuple[str, int], tuple[Span, float, _Attached | None]] = attrs.field(factory=dict)
     call_paths: dict[str, str] = attrs.field(factory=dict)  # tool call id -> its step path
     tools: dict[str, tuple[Span, float, _Attached | None]] = attrs.field(factory=dict)
@@ -133,7 +148,7 @@ class OTelHooks(Hooks):
     """
 
     name = "otel"
-    event_kinds = frozenset({"approval_decided", "step_finished", "tool_call_started"})
+    event_kinds = frozenset({"approval_decided", "tool_call_started"})
     """The events :meth:`on_record` needs (see :mod:`trio_agents.hooks`, "Fewer events")."""
 
     def __init__(
@@ -149,6 +164,8 @@ class OTelHooks(Hooks):
         meter = metrics.get_meter(SCOPE, version, meter_provider=meter_provider)
         self._finish_key = finish_reason_key
         self._runs: dict[str, _Run] = {}
+        # invoke_agent spans started by run_trace, by their traceparent, until their run starts
+        self._opening: dict[str, Span] = {}
         self._tokens = meter.create_histogram(
             "gen_ai.client.token.usage",
             unit="{token}",
@@ -222,6 +239,28 @@ class OTelHooks(Hooks):
             _PROPAGATOR.inject(carrier)
         return carrier or incoming_trace.get()
 
+    def run_trace(self, caller: Mapping[str, str]) -> Mapping[str, str]:
+        """Start the run's ``invoke_agent`` span now, as the child of ``caller``, and answer
+        its own context: the runner stores it in the ``started`` event before the run begins,
+        so a resume links to this span even when the first run had no caller.  (A tracer that
+        records nothing - no SDK configured - answers ``caller``.)"""
+        span = self._tracer.start_span(
+            "invoke_agent",
+            context=_parent(caller) or otel_context.Context(),
+            kind=SpanKind.INTERNAL,
+        )
+        if not span.is_recording():
+            return caller
+        carrier: dict[str, str] = {}
+        _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
+        opening = self._opening
+        opening[carrier["traceparent"]] = span
+        if len(opening) > _OPENING_KEPT:  # runs that failed to open: end the oldest
+            stale = opening.pop(next(iter(opening)))
+            stale.set_attribute("trio_agents.invocation.opened", False)
+            stale.end()
+        return carrier
+
     # ---- hooks ------------------------------------------------------------------------------
 
     async def on_invocation_start(self, inv: InvocationInfo) -> None:
@@ -239,13 +278,20 @@ class OTelHooks(Hooks):
             if first is not None:
                 first_span = trace.get_current_span(first).get_span_context()
                 links.append(Link(first_span, {"trio_agents.link": "first_run"}))
-        span = self._tracer.start_span(
-            f"invoke_agent {inv.agent}",
-            context=_parent(inv.trace) or otel_context.Context(),
-            kind=SpanKind.INTERNAL,
-            attributes=attributes,
-            links=links,
-        )
+        span = self._opening.pop(inv.trace.get("traceparent", ""), None)  # run_trace's
+        if span is not None:
+            span.update_name(f"invoke_agent {inv.agent}")
+            span.set_attributes(attributes)
+            for link in links:
+                span.add_link(link.context, link.attributes)
+        else:
+            span = self._tracer.start_span(
+                f"invoke_agent {inv.agent}",
+                context=_parent(inv.caller_trace) or otel_context.Context(),
+                kind=SpanKind.INTERNAL,
+                attributes=attributes,
+                links=links,
+            )
         run = _Run(info=inv, span=span, started=time.perf_counter())
         self._runs[inv.invocation_id] = run
         # Current in the invocation's task (and so in the tasks it spawns: trio copies the
@@ -316,6 +362,28 @@ class OTelHooks(Hooks):
         self._op_duration.record(time.perf_counter() - began, metric)
         span.end()
 
+    async def on_step_start(self, inv: InvocationInfo, step: StepCall) -> None:
+        run = self._runs.get(inv.invocation_id)
+        if run is None:
+            return
+        span = self._step(run, step.path)
+        span.set_attribute("trio_agents.step.agent", step.agent)
+        run.step_attached[step.path] = self._attach(span)
+
+    async def on_step_end(self, inv: InvocationInfo, end: StepCallEnd) -> None:
+        run = self._runs.get(inv.invocation_id)
+        path = end.step.path
+        span = run.steps.pop(path, None) if run is not None else None
+        if run is None or span is None:
+            return
+        self._detach(run.step_attached.pop(path, None))
+        if end.error is not None:
+            span.set_status(Status(StatusCode.ERROR, str(end.error)[:200]))
+            span.set_attribute("error.type", type(end.error).__name__)
+        elif end.cut_off:
+            span.set_attribute("trio_agents.cut_off", True)
+        span.end()
+
     async def on_tool_start(self, inv: InvocationInfo, call: ToolCall) -> None:
         run = self._runs.get(inv.invocation_id)
         if run is None:
@@ -374,10 +442,6 @@ class OTelHooks(Hooks):
             span = run.gates.pop(event.approval_id, None)
             if span is not None:
                 self._end_gate(run, span, event.state, event.by, event.reason, _ns(event.at))
-        elif isinstance(event, StepFinished):
-            step = run.steps.pop(event.path, None)
-            if step is not None:
-                step.end(end_time=_ns(event.at))
         elif isinstance(event, ToolCallStarted):
             # From its stamp to now: the journal's write (the tool waits for it).
             self._journal_duration.record(max(0.0, time.time() - event.at), _JOURNAL)
@@ -413,7 +477,8 @@ class OTelHooks(Hooks):
             self._detach(attached)
             span.end()
         run.chats.clear()
-        for step in reversed(list(run.steps.values())):
+        for path, step in reversed(list(run.steps.items())):
+            self._detach(run.step_attached.pop(path, None))
             step.set_attributes(ending)
             step.end()
         run.steps.clear()

@@ -121,6 +121,11 @@ class RunContext(Protocol):
         """Journal that this step finished with ``output``, then publish it."""
         ...
 
+    def step(self, step: str, input: str) -> AbstractAsyncContextManager[RunContext]:
+        """A workflow step's block: gives :meth:`child` ``(step, input)``, with the runner's
+        ``on_step_start`` hooks before it and ``on_step_end`` after it, whatever ends it."""
+        ...
+
     def check_stop(self) -> None:
         """A safe point: raise :class:`StopRequested` if a safe-point cancel is due."""
         ...
