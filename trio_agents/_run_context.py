@@ -335,8 +335,7 @@ class ModelTurn:
             end = ModelCallEnd(call=self._call, error=exc)
         else:  # trio.Cancelled, or the stream scope's own cancel (a safe-point stop)
             end = ModelCallEnd(call=self._call, cut_off=True)
-        with trio.CancelScope(shield=True):
-            await self._hooks.model_ended(end)
+        await self._hooks.model_ended(end)  # shielded (unless no hook can block)
 
 
 class StepBlock:
@@ -381,8 +380,7 @@ class StepBlock:
             end = StepCallEnd(step=self._call, error=exc)
         else:  # trio.Cancelled, a stop at a safe point, a pause
             end = StepCallEnd(step=self._call, cut_off=True)
-        with trio.CancelScope(shield=True):
-            await self._hooks.step_ended(end)
+        await self._hooks.step_ended(end)  # shielded (unless no hook can block)
 
 
 def _step_agent(path: str) -> str:

@@ -89,6 +89,13 @@ Deadlines and failures
     event may follow the terminal one, so failures from then on (``on_invocation_end``, a
     late ``on_event``) are logged only.
 
+    A hook object whose ``nonblocking`` attribute is true declares that its methods never
+    wait (they reach no trio checkpoint: no I/O, no lock, no sleep).  The runner then calls
+    them without a deadline scope, and ``on_model_end`` / ``on_step_end`` without a shield:
+    a call that cannot block needs neither, and a traced run costs less (a scope per call is
+    much of what a cheap hook costs).  Exceptions are still caught and reported as above; a
+    hook that declares this and blocks anyway is not cut off at ``hook_timeout``.
+
     After the terminal event, the follower has ``hook_timeout`` more to catch up; a hook still
     behind then is cut off (logged) so ``wait()`` never hangs.  So ``wait()`` returns at most
     about ``2 * hook_timeout`` later than it would without hooks.
@@ -369,7 +376,7 @@ class HookSet:
     """A runner's hooks, checked once; :meth:`bind` makes each invocation's
     :class:`InvocationHooks`."""
 
-    __slots__ = ("by_method", "event_kinds", "run_tracers", "timeout", "tracers")
+    __slots__ = ("by_method", "event_kinds", "nonblocking", "run_tracers", "timeout", "tracers")
 
     def __init__(self, hooks: Sequence[object], *, timeout: float) -> None:
         if isinstance(hooks, (str, bytes)) or not isinstance(hooks, (list, tuple)):
@@ -381,9 +388,12 @@ class HookSet:
         self.tracers: list[tuple[str, Callable[[], Mapping[str, str]]]] = []
         self.run_tracers: list[tuple[str, Callable[[Mapping[str, str]], Mapping[str, str]]]] = []
         self.event_kinds: dict[HookMethod, frozenset[str]] = {}  # on_event methods filtered
+        self.nonblocking: set[HookMethod] = set()  # called without a deadline scope
         for hook in hooks:
             for name, method in _methods_of(hook).items():
                 self.by_method.setdefault(name, []).append((_hook_name(hook), method))
+                if getattr(hook, "nonblocking", False) is True:
+                    self.nonblocking.add(method)
             kinds = getattr(hook, "event_kinds", None)
             methods = _methods_of(hook)
             if kinds is not None and ("on_event" in methods or "on_record" in methods):
@@ -460,6 +470,7 @@ class InvocationHooks:
         "_host",
         "_info",
         "_methods",
+        "_nonblocking",
         "_store",
         "_timeout",
         "_warned",
@@ -471,6 +482,7 @@ class InvocationHooks:
         self._methods = hooks.by_method
         self._timeout = hooks.timeout
         self._event_kinds = hooks.event_kinds
+        self._nonblocking = hooks.nonblocking
         self._info = InvocationInfo(
             invocation_id=host.id,
             agent=host.agent.name,
@@ -521,8 +533,8 @@ class InvocationHooks:
         await self._call_all("on_model_start", call)
 
     async def model_ended(self, end: ModelCallEnd) -> None:
-        """Call it shielded: it runs whatever ended the model turn."""
-        await self._call_all("on_model_end", end)
+        """Whatever ended the model turn: shielded, unless every hook is nonblocking."""
+        await self._call_shielded("on_model_end", end)
 
     def wants_steps(self) -> bool:
         return "on_step_start" in self._methods or "on_step_end" in self._methods
@@ -531,8 +543,8 @@ class InvocationHooks:
         await self._call_all("on_step_start", step)
 
     async def step_ended(self, end: StepCallEnd) -> None:
-        """Call it shielded: it runs whatever ended the step."""
-        await self._call_all("on_step_end", end)
+        """Whatever ended the step: shielded, unless every hook is nonblocking."""
+        await self._call_shielded("on_step_end", end)
 
     async def ended(self, outcome: Outcome) -> None:
         """Let the follower deliver the terminal event, then call ``on_invocation_end``.
@@ -591,7 +603,23 @@ class InvocationHooks:
         for name, fn in self._methods.get(method, ()):
             await self._call(name, method, fn, args)
 
+    async def _call_shielded(self, method: str, *args: Any) -> None:
+        found = self._methods.get(method, ())
+        if all(fn in self._nonblocking for _, fn in found):  # they cannot see a cancel
+            for name, fn in found:
+                await self._call(name, method, fn, args)
+            return
+        with trio.CancelScope(shield=True):
+            for name, fn in found:
+                await self._call(name, method, fn, args)
+
     async def _call(self, name: str, method: str, fn: HookMethod, args: tuple[Any, ...]) -> None:
+        if fn in self._nonblocking:  # it cannot block: no deadline scope (see the docstring)
+            try:
+                await fn(self._info, *args)
+            except Exception as exc:  # trio.Cancelled is a BaseException: it passes
+                self._failed(name, method, exc)
+            return
         with trio.move_on_after(self._timeout) as deadline:
             try:
                 await fn(self._info, *args)

@@ -148,6 +148,9 @@ class OTelHooks(Hooks):
     """
 
     name = "otel"
+    nonblocking = True
+    """Its methods never wait: the runner calls them without a deadline scope (see
+    :mod:`trio_agents.hooks`); the SDK's exporters work in their own threads."""
     event_kinds = frozenset({"approval_decided", "tool_call_started"})
     """The events :meth:`on_record` needs (see :mod:`trio_agents.hooks`, "Fewer events")."""
 
@@ -336,16 +339,18 @@ class OTelHooks(Hooks):
         }
         response = end.response
         if response is not None:
-            if response.model:
-                span.set_attribute("gen_ai.response.model", response.model)
-                metric["gen_ai.response.model"] = response.model
-            if response.request_id:
-                span.set_attribute("trio_agents.provider.request_id", response.request_id)
-            if response.finish_reason:
-                span.set_attribute("gen_ai.response.finish_reasons", (response.finish_reason,))
             usage = response.usage
-            span.set_attribute("gen_ai.usage.input_tokens", usage.input_tokens)
-            span.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)
+            ended: dict[str, Any] = {
+                "gen_ai.usage.input_tokens": usage.input_tokens,
+                "gen_ai.usage.output_tokens": usage.output_tokens,
+            }
+            if response.model:
+                ended["gen_ai.response.model"] = metric["gen_ai.response.model"] = response.model
+            if response.request_id:
+                ended["trio_agents.provider.request_id"] = response.request_id
+            if response.finish_reason:
+                ended["gen_ai.response.finish_reasons"] = (response.finish_reason,)
+            span.set_attributes(ended)  # one call: the span's lock taken once
             self._tokens.record(usage.input_tokens, {**metric, "gen_ai.token.type": "input"})
             self._tokens.record(usage.output_tokens, {**metric, "gen_ai.token.type": "output"})
             for tool_call in response.message.tool_calls:
@@ -357,8 +362,9 @@ class OTelHooks(Hooks):
             span.record_exception(end.error)
             metric["error.type"] = error_type
         else:  # cut off by a cancel: not an error
-            span.set_attribute("gen_ai.response.finish_reasons", ("cancelled",))
-            span.set_attribute("trio_agents.cut_off", True)
+            span.set_attributes(
+                {"gen_ai.response.finish_reasons": ("cancelled",), "trio_agents.cut_off": True}
+            )
         self._op_duration.record(time.perf_counter() - began, metric)
         span.end()
 
@@ -483,10 +489,14 @@ class OTelHooks(Hooks):
             step.end()
         run.steps.clear()
         span = run.span
-        span.set_attribute(self._finish_key, status)
-        span.set_attribute("trio_agents.invocation.status", status)
-        span.set_attribute("gen_ai.usage.input_tokens", outcome.usage.input_tokens)
-        span.set_attribute("gen_ai.usage.output_tokens", outcome.usage.output_tokens)
+        span.set_attributes(
+            {
+                self._finish_key: status,
+                "trio_agents.invocation.status": status,
+                "gen_ai.usage.input_tokens": outcome.usage.input_tokens,
+                "gen_ai.usage.output_tokens": outcome.usage.output_tokens,
+            }
+        )
         metric: dict[str, Any] = {
             "gen_ai.operation.name": "invoke_agent",
             "gen_ai.agent.name": inv.agent,
