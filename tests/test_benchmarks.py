@@ -79,6 +79,11 @@ EXPECTED = {
         r"kill of an instance holding \d+: all running again after [\d.]+ s .* lost 0, run "
         r"twice 0|PostgreSQL: skipped",
     ],
+    "otel": [
+        rf"{run} +off [\d.]+ ms/run \| api [\d.]+ ms \([\d.]+x\) \| noop [\d.]+ ms \([\d.]+x\)"
+        rf" \| batch [\d.]+ ms \([\d.]+x\)"
+        for run in ("scripted, 2 tools", "http, 20 tokens")
+    ],
     "parked": [
         r"memory per parked invocation: [\d.]+ KiB Python \(RSS -?[\d.]+ KiB\)",
         r"start: [\d.]+ s \([\d.]+ us/start\)",

@@ -25,7 +25,7 @@ def test_public_names_are_pinned() -> None:
     exported = {name for name in vars(ta) if not name.startswith("_")}
     # submodules bound by import
     exported -= {"agents", "approvals", "hooks", "messages", "runner", "tools", "turnloop"}
-    assert exported == PUBLIC | ({"testing", "server", "cli"} & exported)
+    assert exported == PUBLIC | ({"testing", "server", "cli", "otel"} & exported)
 
 
 def test_the_server_loads_on_first_use() -> None:
@@ -33,6 +33,13 @@ def test_the_server_loads_on_first_use() -> None:
     assert ta.server.create_app.__module__ == "trio_agents.server._create"
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         _ = ta.nope
+
+
+def test_otel_loads_on_first_use() -> None:
+    """``ta.otel`` works after ``import trio_agents`` alone; its public names are pinned."""
+    assert ta.otel.OTelHooks.__module__ == "trio_agents.otel"
+    assert set(ta.otel.__all__) == {"OTelHooks", "Telemetry", "configure"}
+    assert isinstance(ta.otel.OTelHooks(), ta.Hooks)
 
 
 def test_every_error_is_in_the_tree() -> None:

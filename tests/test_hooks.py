@@ -22,7 +22,7 @@ from trio_agents.events import (
     decode,
     encode,
 )
-from trio_agents.hooks import InvocationInfo
+from trio_agents.hooks import InvocationInfo, ModelCall, ModelCallEnd, StepCall, StepCallEnd
 from trio_agents.messages import ToolCall, ToolResult
 from trio_agents.models import ScriptedModel, ScriptedTurn
 from trio_agents.runner import Invocation, Outcome, Runner
@@ -462,3 +462,154 @@ def test_bad_hooks_are_usage_errors() -> None:
         Runner(hooks=ta.Hooks())  # type: ignore[arg-type]
     with pytest.raises(ta.UsageError, match="hook_timeout must be positive"):
         Runner(hooks=[ta.Hooks()], hook_timeout=0)
+
+
+# ---- model turns, durable records, event kinds --------------------------------------------
+
+
+class ModelWatch(ta.Hooks):
+    """Records model turns and the durable events of the kinds it asks for."""
+
+    event_kinds = frozenset({"turn_finished", "tool_call_started"})
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.tasks: list[object] = []
+
+    async def on_model_start(self, inv: InvocationInfo, call: ModelCall) -> None:
+        self.calls.append(("model_start", call))
+        self.tasks.append(trio.lowlevel.current_task())
+
+    async def on_model_end(self, inv: InvocationInfo, end: ModelCallEnd) -> None:
+        self.calls.append(("model_end", end))
+        self.tasks.append(trio.lowlevel.current_task())
+
+    async def on_record(self, inv: InvocationInfo, event: Event) -> None:
+        self.calls.append(("record", event.kind))
+
+
+async def test_model_hooks_pair_around_each_turn(autojump_clock: trio.abc.Clock) -> None:
+    """on_model_start / on_model_end pair around each model turn, in the same task, the end
+    before the turn is journaled (on_record of turn_finished comes after it); on_record gets
+    only the kinds in ``event_kinds``."""
+    hook = ModelWatch()
+    model = ScriptedModel([SEARCH, "found it"])
+    async with Runner(hooks=[hook]) as runner:
+        outcome = await runner.run(Agent(name="ops", model=model, tools=Probe().tools()), "go")
+    assert outcome.status == "completed"
+    kinds = [m if m != "record" else f"record:{r}" for m, r in hook.calls]
+    assert kinds == [
+        "model_start",
+        "model_end",
+        "record:turn_finished",
+        "record:tool_call_started",
+        "model_start",
+        "model_end",
+        "record:turn_finished",
+    ]
+    starts = [r for m, r in hook.calls if m == "model_start"]
+    ends = [r for m, r in hook.calls if m == "model_end"]
+    assert [c.turn for c in starts] == [1, 2]
+    assert [(e.call, e.cut_off, e.error) for e in ends] == [(c, False, None) for c in starts]
+    assert ends[1].response is not None
+    assert ends[1].response.message.text == "found it"
+    assert hook.tasks[0] is hook.tasks[1]
+
+
+@pytest.mark.parametrize("ending", ["cancel", "error"])
+async def test_model_end_comes_once_however_the_turn_ends(
+    autojump_clock: trio.abc.Clock, ending: str
+) -> None:
+    """An immediate cancel mid-stream: on_model_end once, ``cut_off``; a model error: once,
+    with the error."""
+    hook = ModelWatch()
+    broken = ta.StreamBrokenError("reset")
+    turn = ScriptedTurn(
+        chunks=("a", "b", "c"), delay=1, error=broken if ending == "error" else None
+    )
+    async with Runner(hooks=[hook]) as runner:
+        inv = await runner.start(Agent(name="ops", model=ScriptedModel([turn])), "go")
+        if ending == "cancel":
+            await trio.sleep(1.5)
+            inv.cancel(reason="stop")
+        outcome = await inv.wait()
+    [end] = [r for m, r in hook.calls if m == "model_end"]
+    if ending == "cancel":
+        assert outcome.status == "cancelled"
+        assert (end.cut_off, end.error, end.response) == (True, None, None)
+        assert outcome.cancel_requested_at is not None
+    else:
+        assert outcome.status == "failed"
+        assert (end.cut_off, end.error) == (False, broken)
+
+
+class StepWatch(ta.Hooks):
+    """Records workflow steps' starts and ends, with the task of each call."""
+
+    event_kinds = frozenset({"step_finished"})
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, Any]] = []
+        self.tasks: dict[tuple[str, str], object] = {}
+
+    async def on_step_start(self, inv: InvocationInfo, step: StepCall) -> None:
+        self.calls.append(("start", step.path, step.agent))
+        self.tasks[("start", step.path)] = trio.lowlevel.current_task()
+
+    async def on_step_end(self, inv: InvocationInfo, end: StepCallEnd) -> None:
+        what = end.output if end.output is not None else end.error or ("cut off", end.cut_off)
+        self.calls.append(("end", end.step.path, what))
+        self.tasks[("end", end.step.path)] = trio.lowlevel.current_task()
+
+    async def on_record(self, inv: InvocationInfo, event: Event) -> None:
+        self.calls.append(("record", getattr(event, "path", ""), event.kind))
+
+
+@pytest.mark.parametrize("ending", ["completed", "cancel", "error"])
+async def test_step_hooks_pair_around_each_step(
+    autojump_clock: trio.abc.Clock, ending: str
+) -> None:
+    """A Sequential of a Parallel (two branches) and an agent: on_step_start when each step
+    starts, on_step_end once after it, in the same task (a branch's own), the end after its
+    step_finished event; a cancel mid-step ends the open steps ``cut_off``, a failed model the
+    step's with the error - once each, whatever the ending."""
+    hook = StepWatch()
+    broken = ta.StreamBrokenError("reset")
+    last = ScriptedTurn(chunks=("x",), delay=5, error=broken if ending == "error" else None)
+    fast = Agent(name="fast", model=ScriptedModel(["f"]))
+    slow_ = Agent(name="slow", model=ScriptedModel([ScriptedTurn(chunks=("s",), delay=2)]))
+    tail = Agent(name="tail", model=ScriptedModel([last]))
+    flow = ta.Sequential(
+        name="flow", steps=[ta.Parallel(name="both", branches=[fast, slow_]), tail]
+    )
+    async with Runner(hooks=[hook]) as runner:
+        inv = await runner.start(flow, "go")
+        if ending == "cancel":
+            await trio.sleep(3)  # the tail step is streaming
+            inv.cancel(reason="stop")
+        outcome = await inv.wait()
+    starts = [c[1:] for c in hook.calls if c[0] == "start"]
+    assert (starts[0], starts[-1]) == (("0:both", "both"), ("1:tail", "tail"))
+    assert sorted(starts[1:3]) == [("0:both/0:fast", "fast"), ("0:both/1:slow", "slow")]
+    ends = {path: what for kind, path, what in hook.calls if kind == "end"}
+    assert len([c for c in hook.calls if c[0] == "end"]) == 4  # once each
+    assert ends["0:both/0:fast"] == "f"
+    assert ends["0:both/1:slow"] == "s"
+    for path in ends:
+        assert hook.tasks[("start", path)] is hook.tasks[("end", path)]
+    assert hook.tasks[("start", "0:both/0:fast")] is not hook.tasks[("start", "0:both/1:slow")]
+    records = [c for c in hook.calls if c[0] == "record"]
+    for path in ["0:both/0:fast", "0:both/1:slow", "0:both"]:
+        assert hook.calls.index(("record", path, "step_finished")) < hook.calls.index(
+            ("end", path, ends[path])
+        )
+    if ending == "completed":
+        assert outcome.status == "completed"
+        assert ends["1:tail"] == "x"
+        assert len(records) == 4
+    elif ending == "cancel":
+        assert outcome.status == "cancelled"
+        assert ends["1:tail"] == ("cut off", True)
+    else:
+        assert outcome.status == "failed"
+        assert ends["1:tail"] is broken

@@ -72,14 +72,16 @@ from .turnloop import TurnLoop as TurnLoop
 __version__ = "0.1.0.dev0"
 
 if _TYPE_CHECKING:
+    from . import otel as otel
     from . import server as server
 
 
 def __getattr__(name: str) -> object:
     # `ta.server` is imported on first use: the web stack (Starlette, Hypercorn) is not
     # loaded by programs that never serve.
-    if name == "server":
+    # `ta.otel` likewise: OpenTelemetry's API is loaded only by programs that trace.
+    if name in ("server", "otel"):
         import importlib
 
-        return importlib.import_module(".server", __name__)
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

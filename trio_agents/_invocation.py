@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Final
 
 import attrs
@@ -62,7 +62,7 @@ from .events import (
     mode_reaches,
     stronger_mode,
 )
-from .hooks import HookSet, InvocationHooks
+from .hooks import HookSet, InvocationHooks, incoming_trace
 from .messages import AssistantMessage, Message, Usage, UserMessage
 from .stores._base import (
     ApprovalDecision,
@@ -166,6 +166,8 @@ class Invocation:
     # Slots: a runner holds thousands of these; an instance dict costs a KiB or two each.
     __slots__ = (
         "_by_loop",
+        "_caller_trace",
+        "_cancel_at",
         "_cancelled_by",
         "_creds",
         "_ctx",
@@ -215,6 +217,7 @@ class Invocation:
         by_loop: bool = False,
         taken_over_from: str | None = None,
         expect_epoch: int | None = None,
+        caller_trace: Mapping[str, str] | None = None,
     ) -> None:
         self.id = invocation_id
         self.agent = agent
@@ -226,6 +229,7 @@ class Invocation:
         self._by_loop = by_loop  # a turn resumed by its loop (see InvocationStarted.by_loop)
         self._taken_over_from = taken_over_from  # a recovered orphan's lost owner
         self._expect_epoch = expect_epoch  # ... and the epoch of its lapsed lease
+        self._caller_trace = caller_trace  # a turn loop's: its message's sender's trace context
         self._env = env
         self._token = trio.lowlevel.current_trio_token()
         self._scope = trio.CancelScope()
@@ -237,6 +241,7 @@ class Invocation:
         self._creds: dict[str, str] | None = None  # submitted credentials: memory only
         self._lease_trouble = False  # stopping because the lease is lost or expiring
         self._mode: CancelMode | None = None
+        self._cancel_at: float | None = None  # time.time() of the first cancel request
         self._unsaid_cancel = False  # an immediate cancel's event waits for its stream to close
         self._opened = False  # durable, its ids known (see _open): events may be published
         self._reason: str | None = None
@@ -340,6 +345,8 @@ class Invocation:
     ) -> None:
         if self._ending:  # the ending is decided: a cancel now changes nothing
             return
+        if self._cancel_at is None:
+            self._cancel_at = time.time()
         if self._reason is None:
             self._reason = reason
         if self._cancelled_by is None:
@@ -386,6 +393,14 @@ class Invocation:
         self.recorder.publish_ephemeral(
             CancelRequested, mode=self._mode, reason=self._reason, by=self._cancelled_by
         )
+
+    def _model_hooks(self) -> InvocationHooks | None:
+        hooks = self._hooks
+        return hooks if hooks is not None and hooks.wants_model_calls() else None
+
+    def _step_hooks(self) -> InvocationHooks | None:
+        hooks = self._hooks
+        return hooks if hooks is not None and hooks.wants_steps() else None
 
     def _track_stream(self, scope: trio.CancelScope, *, add: bool) -> None:
         if not add:
@@ -549,7 +564,16 @@ class Invocation:
         loop's claim of the messages this invocation answers."""
         env, rec = self._env, self.recorder
         sent_at = trio.current_time()
+        # The caller's trace context (this is the caller's task), then the run's own, stored
+        # in its started event: see hooks, "Trace context".
+        caller = dict(
+            self._caller_trace
+            or (env.hooks.trace_context() if env.hooks is not None else incoming_trace.get())
+        )
+        trace = env.hooks.run_trace(caller) if env.hooks is not None else caller
         if not self.resumed:
+            if self._hooks is not None:
+                self._hooks.traced(trace, caller, trace)
             started = rec.stamp_durable(
                 InvocationStarted,
                 agent=self.agent.name,
@@ -557,6 +581,7 @@ class Invocation:
                 user_id=self.user_id,
                 session_id=self.session_id,
                 owner=env.owner,
+                trace=trace,
             )
             record = InvocationRecord(
                 id=self.id,
@@ -608,6 +633,9 @@ class Invocation:
                 if isinstance(event, TurnFinished):
                     self._usage = self._usage + event.usage
                     rec.path_text(event.path).last = event.message.text
+            if self._hooks is not None:
+                first = next((e for e in journal if isinstance(e, InvocationStarted)), None)
+                self._hooks.traced(trace, caller, first.trace if first is not None else {})
             await rec.record(
                 InvocationStarted,
                 agent=self.agent.name,
@@ -618,6 +646,7 @@ class Invocation:
                 by_loop=self._by_loop,
                 owner=env.owner,
                 taken_over_from=self._taken_over_from,
+                trace=trace,
             )
             for request in asked:  # immediate, whatever its mode: nothing of the run may run
                 self._apply_cancel("immediate", request.reason, None, request.requested_by)
@@ -743,6 +772,7 @@ class Invocation:
             pending_approvals=ended.pending_approvals,
             gates=dict(ended.gates),
             store_error=store_error or self.recorder.store_error,
+            cancel_requested_at=self._cancel_at,
         )
         if self._hooks is not None:  # shielded, bounded; before wait() returns (see .hooks)
             await self._hooks.ended(outcome)

@@ -55,6 +55,8 @@ class Outcome:
         gates: every gate the invocation ever opened (over all its runs), by id, with how it
             ended - ``approved``, ``denied``, ``submitted``, ``expired``, ``cancelled`` - or
             ``"open"`` (a paused invocation's, or one a failure left open for a resume).
+        cancel_requested_at: when the first cancel request reached this run (``time.time()``;
+            ``None`` without one): with the terminal event's time, how long the stop took.
     """
 
     invocation_id: str
@@ -72,6 +74,7 @@ class Outcome:
     pending_approvals: tuple[str, ...] = ()
     gates: Mapping[str, str] = attrs.field(factory=dict, hash=False)
     store_error: str | None = None
+    cancel_requested_at: float | None = None
 
 
 def cut_off(reason: str | None) -> bool:

@@ -17,6 +17,7 @@ import trio
 
 from . import approvals
 from ._exceptions import UsageError
+from ._outcome import signals
 from ._recorder import Recorder
 from .agents._context import ApprovalAnswer, GateSpec, StopRequested
 from .events import (
@@ -27,7 +28,9 @@ from .events import (
     ToolCallStarted,
     TurnFinished,
 )
-from .messages import Message, ModelResponse, ToolCall, ToolResult, Usage
+from .hooks import InvocationHooks, ModelCall, ModelCallEnd, StepCall, StepCallEnd
+from .messages import Message, ModelRequest, ModelResponse, ToolCall, ToolResult, Usage
+from .models._base import Model
 from .stores._base import ApprovalDecision
 
 __all__ = ["ContextHost", "InvocationContext"]
@@ -82,6 +85,14 @@ class ContextHost(Protocol):
 
     def _credentials(self) -> dict[str, str]: ...
 
+    def _model_hooks(self) -> InvocationHooks | None:
+        """The hooks to call around a model turn (``None``: none has a model method)."""
+        ...
+
+    def _step_hooks(self) -> InvocationHooks | None:
+        """The hooks to call around a workflow step (``None``: none has a step method)."""
+        ...
+
 
 class InvocationContext:
     """The :class:`~trio_agents.agents.RunContext` an invocation hands its agent."""
@@ -120,6 +131,9 @@ class InvocationContext:
         ]
         return InvocationContext(self._inv, journal, path, input)
 
+    def step(self, step: str, input: str) -> StepBlock:
+        return StepBlock(self, self.child(step, input))
+
     def check_stop(self) -> None:
         if self._inv._stopping():
             raise StopRequested
@@ -130,6 +144,10 @@ class InvocationContext:
     def stream_scope(self) -> _StreamScope:
         self._text.partial = []
         return _StreamScope(self._inv)
+
+    def model_call(self, turn: int, model: Model, request: ModelRequest) -> ModelTurn:
+        self._text.partial = []
+        return ModelTurn(self._inv, self.path, turn, model, request)
 
     def emit_text(self, turn: int, text: str) -> None:
         self._text.partial.append(text)
@@ -260,3 +278,111 @@ class _StreamScope:
     ) -> bool:
         self._host._track_stream(self._scope, add=False)  # a list's remove: cannot fail
         return self._scope.__exit__(exc_type, exc_value, traceback)
+
+
+class ModelTurn:
+    """One model turn's block (:meth:`InvocationContext.model_call`): its stream scope (as
+    :class:`_StreamScope`), with ``on_model_start`` before it and ``on_model_end`` after it,
+    shielded, whatever ended it (see :mod:`.hooks`).  The agent sets :attr:`response`."""
+
+    __slots__ = ("_call", "_hooks", "_stream", "response", "scope")
+
+    def __init__(
+        self, host: ContextHost, path: str, turn: int, model: Model, request: ModelRequest
+    ) -> None:
+        self._hooks = host._model_hooks()
+        self._call = (
+            ModelCall(
+                turn=turn, path=path, model=model.name, provider=model.provider, request=request
+            )
+            if self._hooks is not None
+            else None
+        )
+        self._stream = _StreamScope(host)
+        self.response: ModelResponse | None = None
+        self.scope = self._stream._scope
+
+    async def __aenter__(self) -> ModelTurn:
+        if self._hooks is not None and self._call is not None:
+            try:
+                await self._hooks.model_started(self._call)
+            except BaseException as exc:  # a cancel during the hook: end what it began
+                await self._ended(exc)
+                raise
+        self._stream.__enter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool:
+        try:
+            suppressed = self._stream.__exit__(exc_type, exc_value, traceback)
+        except BaseException as exc:
+            await self._ended(exc)
+            raise
+        await self._ended(None if suppressed else exc_value)
+        return suppressed
+
+    async def _ended(self, exc: BaseException | None) -> None:
+        if self._hooks is None or self._call is None:
+            return
+        if exc is None and self.response is not None and not self.scope.cancelled_caught:
+            end = ModelCallEnd(call=self._call, response=self.response)
+        elif isinstance(exc, Exception):
+            end = ModelCallEnd(call=self._call, error=exc)
+        else:  # trio.Cancelled, or the stream scope's own cancel (a safe-point stop)
+            end = ModelCallEnd(call=self._call, cut_off=True)
+        await self._hooks.model_ended(end)  # shielded (unless no hook can block)
+
+
+class StepBlock:
+    """One workflow step's block (:meth:`InvocationContext.step`): gives the step's context,
+    with ``on_step_start`` before it and ``on_step_end`` after it, shielded, whatever ended
+    it (see :mod:`.hooks`)."""
+
+    __slots__ = ("_call", "_child", "_hooks")
+
+    def __init__(self, parent: InvocationContext, child: InvocationContext) -> None:
+        self._child = child
+        self._hooks = parent._inv._step_hooks()
+        self._call = (
+            StepCall(path=child.path, agent=_step_agent(child.path))
+            if self._hooks is not None
+            else None
+        )
+
+    async def __aenter__(self) -> InvocationContext:
+        if self._hooks is not None and self._call is not None:
+            try:
+                await self._hooks.step_started(self._call)
+            except BaseException as exc:  # a cancel during the hook: end what it began
+                await self._ended(exc)
+                raise
+        return self._child
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self._ended(exc_value)
+
+    async def _ended(self, exc: BaseException | None) -> None:
+        if self._hooks is None or self._call is None:
+            return
+        if exc is None:
+            end = StepCallEnd(step=self._call, output=self._child._text.last)
+        elif isinstance(exc, Exception) and signals(exc) is None:
+            end = StepCallEnd(step=self._call, error=exc)
+        else:  # trio.Cancelled, a stop at a safe point, a pause
+            end = StepCallEnd(step=self._call, cut_off=True)
+        await self._hooks.step_ended(end)  # shielded (unless no hook can block)
+
+
+def _step_agent(path: str) -> str:
+    """The agent's name in a step path's last key (``"<index>:<name>"``)."""
+    return path.rpartition("/")[2].partition(":")[2]

@@ -24,6 +24,7 @@ import trio
 from ._exceptions import LeaseError, StoreError
 from ._invocation import LEASE_MARGIN, Watchlist
 from ._recorder import Recorder
+from ._statistics import LEASE_ROUNDS
 from .events import CancelMode
 from .stores._base import Lease, Requests, Store
 
@@ -82,12 +83,18 @@ async def renew_leases(
     it off sooner and sending it again would only put it back at the end of the store's
     queue, behind the same work, and cost every lease.)  Rounds are a third of ``lease_ttl``
     apart from one sending to the next, or back to back when one took longer.
+
+    Each round that renews something is counted in :data:`._statistics.LEASE_ROUNDS` (late
+    rounds, missed rounds).
     """
     period = lease_ttl / 3
+    late_after = period / 3
     useful_for = lease_ttl * (1 - LEASE_MARGIN)
     next_round = trio.current_time() + period
+    stats = LEASE_ROUNDS
     while True:
-        await trio.sleep_until(next_round)
+        planned = next_round
+        await trio.sleep_until(planned)
         sent_at = trio.current_time()
         next_round = sent_at + period
         held = [
@@ -99,13 +106,18 @@ async def renew_leases(
             continue
         invs = [inv for inv, _ in held]
         leases = [lease for _, lease in held]
+        stats.rounds += 1
         with trio.move_on_at(sent_at + useful_for) as slow:
             try:
                 results = await store.renew_leases(leases, ttl=lease_ttl)
             except StoreError as exc:  # try again next round
+                stats.missed += 1
                 logger.warning("could not renew %d leases: %s", len(leases), exc)
                 continue
+        if trio.current_time() - planned > late_after:
+            stats.late += 1
         if slow.cancelled_caught:
+            stats.missed += 1
             logger.warning(
                 "could not renew %d leases: the store took longer than %.1fs; trying again",
                 len(leases),

@@ -232,6 +232,11 @@ class InvocationStarted:
     ``owner`` is the process that runs this run (its lease's owner).  ``taken_over_from``: the
     run was taken over by a recovering runner from that owner, whose lease had lapsed (its
     process died or stalled; see :mod:`trio_agents._recovery`).
+
+    ``trace``: the W3C trace context (``traceparent``, ``tracestate``) of whoever started or
+    resumed this run (the server's incoming request, or a tracing hook's current span; see
+    :mod:`trio_agents.otel`), so a resume in another process can link to the first run's
+    trace.  Empty when there was none (and in events stored before it existed).
     """
 
     kind: Literal["started"] = "started"
@@ -247,6 +252,7 @@ class InvocationStarted:
     by_loop: bool = False
     owner: str | None = None
     taken_over_from: str | None = None
+    trace: Mapping[str, str] = attrs.field(factory=dict, hash=False)
 
 
 @attrs.frozen(kw_only=True)
@@ -676,6 +682,8 @@ def to_dict(event: Event) -> dict[str, Any]:
     data: dict[str, Any] = converter.unstructure(event)
     if not data["sub"]:
         del data["sub"]
+    if "trace" in data and not data["trace"]:  # a started event without trace context
+        del data["trace"]
     data["v"] = WIRE_VERSION
     return data
 

@@ -1,6 +1,6 @@
 """Lifecycle hooks: code of yours that the runner calls as an invocation lives and ends.
 
-``Runner(hooks=[...], hook_timeout=5.0)`` takes objects with any subset of six async methods
+``Runner(hooks=[...], hook_timeout=5.0)`` takes objects with any subset of these async methods
 (subclass :class:`Hooks`, whose methods do nothing, or write any object with the methods you
 need).  Each method gets the invocation's :class:`InvocationInfo` first, then one record:
 
@@ -16,6 +16,26 @@ need).  Each method gets the invocation's :class:`InvocationInfo` first, then on
 ``on_gate(request)``        an ``approval_requested`` event
                             (:class:`~trio_agents.events.ApprovalRequested`) is journaled;
                             the wait for the person begins once the hook returns
+``on_model_start(call)``    a model turn is about to be requested (:class:`ModelCall`: the
+                            turn, the workflow step's path, the model, the request); called
+                            by the task that streams it, so a context variable set here
+                            (e.g. :data:`outgoing_trace`) is seen by the model's HTTP request
+``on_model_end(end)``       that model turn is over (:class:`ModelCallEnd`: the response, or
+                            the error, or ``cut_off`` by a cancel); called exactly once after
+                            each ``on_model_start``, in the same task, shielded, whatever
+                            the ending - before the turn is journaled
+``on_step_start(step)``     a workflow step (:class:`StepCall`: its path, its agent) is about
+                            to run, in the task that runs it (a ``Parallel`` branch's own)
+``on_step_end(end)``        that step is over (:class:`StepCallEnd`: its output once its
+                            ``step_finished`` event is journaled, or the error, or
+                            ``cut_off`` by a cancel, a stop at a safe point or a pause);
+                            exactly once after each ``on_step_start``, in the same task,
+                            shielded, whatever the ending
+``on_record(event)``        every event this run journals durably (a turn, a tool call's
+                            intent and result, a step's end, a gate's request and end),
+                            inline, once it is stored and published, by the task that
+                            recorded it (the gate ends a cancel journals with the terminal
+                            event are not: see ``Outcome.gates``)
 ``on_event(event)``         every :class:`~trio_agents.events.Event` of this run, in id order,
                             deltas and the terminal event included: what
                             ``inv.events(after_seq=<where this run began>)`` yields
@@ -28,11 +48,15 @@ Hooks are called in the order given, one after the other.  A hook observes; it c
 what the invocation does.
 
 Who owns the calls
-    The inline methods (``on_invocation_start``, ``on_tool_start``, ``on_tool_end``,
-    ``on_gate``) are awaited by the task that reached the point - the invocation's own task,
-    or the tool call's task - inside the invocation's cancel scope.  The durable write comes
-    first (the recorder calls the hook after it stored and published the event), so a hook
-    never sees something the journal does not hold.
+    The inline methods (``on_invocation_start``, ``on_model_start``, ``on_model_end``,
+    ``on_step_start``, ``on_step_end``, ``on_tool_start``, ``on_tool_end``, ``on_gate``,
+    ``on_record``) are awaited by the task
+    that reached the point - the invocation's own task, or the tool call's task - inside the
+    invocation's cancel scope.  ``on_invocation_start`` and ``on_invocation_end`` are awaited
+    by the invocation's own task, whose context variables are a copy of those of the caller
+    of ``start`` / ``resume``.  The durable write comes first (the recorder calls the hook
+    after it stored and published the event), so a hook never sees something the journal
+    does not hold.
 
     ``on_event`` is called by one follower task per invocation (only if some hook has
     ``on_event``), reading an :class:`~._stream.EventStream` over the invocation's live log.
@@ -65,16 +89,54 @@ Deadlines and failures
     event may follow the terminal one, so failures from then on (``on_invocation_end``, a
     late ``on_event``) are logged only.
 
+    A hook object whose ``nonblocking`` attribute is true declares that its methods never
+    wait (they reach no trio checkpoint: no I/O, no lock, no sleep).  The runner then calls
+    them without a deadline scope, and ``on_model_end`` / ``on_step_end`` without a shield:
+    a call that cannot block needs neither, and a traced run costs less (a scope per call is
+    much of what a cheap hook costs).  Exceptions are still caught and reported as above; a
+    hook that declares this and blocks anyway is not cut off at ``hook_timeout``.
+
     After the terminal event, the follower has ``hook_timeout`` more to catch up; a hook still
     behind then is cut off (logged) so ``wait()`` never hangs.  So ``wait()`` returns at most
     about ``2 * hook_timeout`` later than it would without hooks.
+
+Trace context
+    A hook object may also have a plain (not async) method ``trace_context(self) -> Mapping[str,
+    str]``: the W3C trace context headers of the caller, asked in the caller's task when
+    ``start`` or ``resume`` opens an invocation (the first non-empty answer wins; an
+    exception there is logged and ignored).  Without one, the trace context of the request
+    the server is serving (:data:`incoming_trace`) is taken.  A turn loop's turn takes the
+    trace context of whoever sent the message it answers (asked in the task of
+    ``loop.send``), else its loop's opener's.  Hooks get it as
+    :attr:`InvocationInfo.caller_trace`.
+
+    A hook object may also have a plain method ``run_trace(self, caller: Mapping[str, str])
+    -> Mapping[str, str]``: the trace context of the run about to open, given its caller's -
+    e.g. the span the hook starts for the run, so that the run's own context, not only its
+    caller's, is known before anything is stored (the first non-empty answer wins; without
+    one, the caller's is the run's).  The runner stores the run's context in the ``started``
+    event before the run begins; hooks get it as :attr:`InvocationInfo.trace`, and a resumed
+    run also gets the first run's as :attr:`InvocationInfo.first_trace` (to link to it).
+    :data:`outgoing_trace` holds headers that the model adapters add to every model HTTP
+    request made in the task (and the tasks it spawns).
+
+Fewer events
+    A hook object may have an ``event_kinds`` attribute, a collection of event ``kind``
+    strings: its ``on_event`` and ``on_record`` are then called for those kinds only (most
+    events are deltas; a hook that needs none saves a call for each).  ``on_record`` with
+    ``event_kinds`` costs nothing for the other kinds, and needs no follower task.
+
+Statistics
+    What no single invocation sees is counted process-wide, for a hook (or anything) to read
+    when it likes: :func:`lease_rounds` - the lease renewal rounds of all the runners of this
+    process, how many were late or missed (:class:`LeaseRounds`).
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 import attrs
@@ -83,7 +145,10 @@ import trio
 from ._exceptions import UsageError
 from ._outcome import Outcome
 from ._recorder import Recorder
+from ._statistics import LeaseRounds, lease_rounds
 from ._stream import EventStream
+from ._tracecontext import incoming as incoming_trace
+from ._tracecontext import outgoing as outgoing_trace
 from .agents._context import AgentLike
 from .events import (
     ApprovalRequested,
@@ -93,19 +158,39 @@ from .events import (
     ToolCallFinished,
     ToolCallStarted,
 )
-from .messages import ToolCall, ToolResult
+from .messages import ModelRequest, ModelResponse, ToolCall, ToolResult
 from .stores._base import Store
 
-__all__ = ["HOOK_METHODS", "HookHost", "HookSet", "Hooks", "InvocationHooks", "InvocationInfo"]
+__all__ = [
+    "HOOK_METHODS",
+    "HookHost",
+    "HookSet",
+    "Hooks",
+    "InvocationHooks",
+    "InvocationInfo",
+    "LeaseRounds",
+    "ModelCall",
+    "ModelCallEnd",
+    "StepCall",
+    "StepCallEnd",
+    "incoming_trace",
+    "lease_rounds",
+    "outgoing_trace",
+]
 
 logger = logging.getLogger("trio_agents.hooks")
 
 HOOK_METHODS: Final = (
     "on_invocation_start",
     "on_event",
+    "on_model_start",
+    "on_model_end",
+    "on_step_start",
+    "on_step_end",
     "on_tool_start",
     "on_tool_end",
     "on_gate",
+    "on_record",
     "on_invocation_end",
 )
 
@@ -127,6 +212,61 @@ class InvocationInfo:
     user_id: str | None = None
     session_id: str | None = None
     resumed: bool = False
+    trace: Mapping[str, str] = attrs.field(factory=dict, hash=False)
+    """This run's W3C trace context, as its ``started`` event stores it: what a hook's
+    ``run_trace`` made of the caller's, else the caller's (may be empty)."""
+    caller_trace: Mapping[str, str] = attrs.field(factory=dict, hash=False)
+    """The trace context of whoever started this run (``start`` / ``resume``'s caller, the
+    server's request, a turn loop's message's sender); may be empty."""
+    first_trace: Mapping[str, str] = attrs.field(factory=dict, hash=False)
+    """The first run's ``trace``, as its ``started`` event stored it (a resumed run's link to
+    the first run; on a first run, the same as ``trace``)."""
+
+
+@attrs.frozen(kw_only=True)
+class ModelCall:
+    """One model turn about to be requested (``on_model_start``)."""
+
+    turn: int
+    path: str = ""
+    """The workflow step the agent runs in (``""``: the top agent); see the events' ``path``."""
+    model: str
+    provider: str
+    request: ModelRequest = attrs.field(eq=False, repr=False)
+
+
+@attrs.frozen(kw_only=True)
+class ModelCallEnd:
+    """How a model turn ended (``on_model_end``): ``response`` when the stream finished;
+    ``error`` (what the model raised: a :class:`~trio_agents.ModelError`, or any exception)
+    when it failed; ``cut_off`` when a cancel stopped the stream (both ``None`` then)."""
+
+    call: ModelCall
+    response: ModelResponse | None = None
+    error: BaseException | None = None
+    cut_off: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class StepCall:
+    """A workflow step about to run (``on_step_start``)."""
+
+    path: str
+    """The step's path, as its events carry it (``"0:research"``, ``"1:review/0:draft"``)."""
+    agent: str
+    """The name of the step's agent (or workflow)."""
+
+
+@attrs.frozen(kw_only=True)
+class StepCallEnd:
+    """How a workflow step ended (``on_step_end``): ``output`` when it finished (its
+    ``step_finished`` event is journaled); ``error`` when it failed; ``cut_off`` when a
+    cancel, a stop at a safe point or a pause ended it (both ``None`` then)."""
+
+    step: StepCall
+    output: str | None = None
+    error: BaseException | None = None
+    cut_off: bool = False
 
 
 class Hooks:
@@ -142,6 +282,18 @@ class Hooks:
     async def on_event(self, inv: InvocationInfo, event: Event) -> None:
         """Each event of this run, in order (deltas and the terminal event included)."""
 
+    async def on_model_start(self, inv: InvocationInfo, call: ModelCall) -> None:
+        """A model turn is about to be requested, in the task that streams it."""
+
+    async def on_model_end(self, inv: InvocationInfo, end: ModelCallEnd) -> None:
+        """The model turn of the last ``on_model_start`` is over (same task, shielded)."""
+
+    async def on_step_start(self, inv: InvocationInfo, step: StepCall) -> None:
+        """A workflow step is about to run, in the task that runs it."""
+
+    async def on_step_end(self, inv: InvocationInfo, end: StepCallEnd) -> None:
+        """The step of the last ``on_step_start`` of this task is over (same task, shielded)."""
+
     async def on_tool_start(self, inv: InvocationInfo, call: ToolCall) -> None:
         """A tool call's intent is journaled; the tool runs when this returns."""
 
@@ -150,6 +302,9 @@ class Hooks:
 
     async def on_gate(self, inv: InvocationInfo, request: ApprovalRequested) -> None:
         """A tool call waits for a person's approval (``request.approval_id``)."""
+
+    async def on_record(self, inv: InvocationInfo, event: Event) -> None:
+        """An event this run journaled durably, inline, once stored and published."""
 
     async def on_invocation_end(self, inv: InvocationInfo, outcome: Outcome) -> None:
         """The invocation ended; its terminal event is stored and published."""
@@ -221,7 +376,7 @@ class HookSet:
     """A runner's hooks, checked once; :meth:`bind` makes each invocation's
     :class:`InvocationHooks`."""
 
-    __slots__ = ("by_method", "timeout")
+    __slots__ = ("by_method", "event_kinds", "nonblocking", "run_tracers", "timeout", "tracers")
 
     def __init__(self, hooks: Sequence[object], *, timeout: float) -> None:
         if isinstance(hooks, (str, bytes)) or not isinstance(hooks, (list, tuple)):
@@ -230,16 +385,75 @@ class HookSet:
             raise UsageError(f"hook_timeout must be positive seconds, got {timeout!r}")
         self.timeout = float(timeout)
         self.by_method: dict[str, list[tuple[str, HookMethod]]] = {}
+        self.tracers: list[tuple[str, Callable[[], Mapping[str, str]]]] = []
+        self.run_tracers: list[tuple[str, Callable[[Mapping[str, str]], Mapping[str, str]]]] = []
+        self.event_kinds: dict[HookMethod, frozenset[str]] = {}  # on_event methods filtered
+        self.nonblocking: set[HookMethod] = set()  # called without a deadline scope
         for hook in hooks:
             for name, method in _methods_of(hook).items():
                 self.by_method.setdefault(name, []).append((_hook_name(hook), method))
+                if getattr(hook, "nonblocking", False) is True:
+                    self.nonblocking.add(method)
+            kinds = getattr(hook, "event_kinds", None)
+            methods = _methods_of(hook)
+            if kinds is not None and ("on_event" in methods or "on_record" in methods):
+                if isinstance(kinds, str) or not all(isinstance(k, str) for k in kinds):
+                    raise UsageError(
+                        f"hook {_hook_name(hook)!r}: event_kinds must be a collection of event "
+                        f"kinds (e.g. {{'approval_decided', 'ended'}}), got {kinds!r}"
+                    )
+                for name in ("on_event", "on_record"):
+                    if name in methods:
+                        self.event_kinds[methods[name]] = frozenset(kinds)
+            tracer = getattr(hook, "trace_context", None)
+            if tracer is not None:
+                if not callable(tracer) or inspect.iscoroutinefunction(tracer):
+                    raise UsageError(
+                        f"hook {_hook_name(hook)!r}: trace_context must be a plain method "
+                        f"returning the caller's trace context headers, got {tracer!r}"
+                    )
+                self.tracers.append((_hook_name(hook), tracer))
+            run_tracer = getattr(hook, "run_trace", None)
+            if run_tracer is not None:
+                if not callable(run_tracer) or inspect.iscoroutinefunction(run_tracer):
+                    raise UsageError(
+                        f"hook {_hook_name(hook)!r}: run_trace must be a plain method "
+                        f"returning the run's trace context headers, got {run_tracer!r}"
+                    )
+                self.run_tracers.append((_hook_name(hook), run_tracer))
+
+    def trace_context(self) -> Mapping[str, str]:
+        """The caller's trace context (see the module docstring): ask the hooks that have
+        ``trace_context``, in order; else the server's incoming request's."""
+        for name, tracer in self.tracers:
+            try:
+                found = tracer()
+            except Exception:
+                logger.warning("hook %s.trace_context raised; ignored", name, exc_info=True)
+                continue
+            if found:
+                return dict(found)
+        return incoming_trace.get()
+
+    def run_trace(self, caller: Mapping[str, str]) -> dict[str, str]:
+        """The trace context of a run whose caller's is ``caller`` (see the module
+        docstring): ask the hooks that have ``run_trace``, in order; else ``caller``."""
+        for name, tracer in self.run_tracers:
+            try:
+                found = tracer(caller)
+            except Exception:
+                logger.warning("hook %s.run_trace raised; ignored", name, exc_info=True)
+                continue
+            if found:
+                return dict(found)
+        return dict(caller)
 
     @classmethod
     def of(cls, hooks: Sequence[object], *, timeout: float) -> HookSet | None:
         """The checked set, or ``None`` when no hook has a method to call (the runner then
         makes nothing per invocation)."""
         found = cls(hooks, timeout=timeout)
-        return found if found.by_method else None
+        return found if found.by_method or found.tracers or found.run_tracers else None
 
     def bind(self, host: HookHost, store: Store) -> InvocationHooks:
         """The hooks of the invocation ``host``, whose events are in ``store``."""
@@ -251,10 +465,12 @@ class InvocationHooks:
 
     __slots__ = (
         "_done",
+        "_event_kinds",
         "_follower",
         "_host",
         "_info",
         "_methods",
+        "_nonblocking",
         "_store",
         "_timeout",
         "_warned",
@@ -265,6 +481,8 @@ class InvocationHooks:
         self._store = store
         self._methods = hooks.by_method
         self._timeout = hooks.timeout
+        self._event_kinds = hooks.event_kinds
+        self._nonblocking = hooks.nonblocking
         self._info = InvocationInfo(
             invocation_id=host.id,
             agent=host.agent.name,
@@ -276,7 +494,7 @@ class InvocationHooks:
         self._warned: set[tuple[str, str]] = set()
         self._follower: trio.CancelScope | None = None
         self._done: trio.Event | None = None
-        if any(name in self._methods for name in _INLINE.values()):
+        if "on_record" in self._methods or any(m in self._methods for m in _INLINE.values()):
             host.recorder.on_recorded = self._recorded
 
     # ---- the invocation's side ------------------------------------------------------------
@@ -297,8 +515,36 @@ class InvocationHooks:
             finally:
                 follower.cancel()  # it has delivered the end already, unless main() broke
 
+    def traced(
+        self, trace: Mapping[str, str], caller: Mapping[str, str], first_trace: Mapping[str, str]
+    ) -> None:
+        """The run's trace context is known (the invocation is being opened)."""
+        self._info = attrs.evolve(
+            self._info, trace=trace, caller_trace=caller, first_trace=first_trace
+        )
+
     async def started(self) -> None:
         await self._call_all("on_invocation_start")
+
+    def wants_model_calls(self) -> bool:
+        return "on_model_start" in self._methods or "on_model_end" in self._methods
+
+    async def model_started(self, call: ModelCall) -> None:
+        await self._call_all("on_model_start", call)
+
+    async def model_ended(self, end: ModelCallEnd) -> None:
+        """Whatever ended the model turn: shielded, unless every hook is nonblocking."""
+        await self._call_shielded("on_model_end", end)
+
+    def wants_steps(self) -> bool:
+        return "on_step_start" in self._methods or "on_step_end" in self._methods
+
+    async def step_started(self, step: StepCall) -> None:
+        await self._call_all("on_step_start", step)
+
+    async def step_ended(self, end: StepCallEnd) -> None:
+        """Whatever ended the step: shielded, unless every hook is nonblocking."""
+        await self._call_shielded("on_step_end", end)
 
     async def ended(self, outcome: Outcome) -> None:
         """Let the follower deliver the terminal event, then call ``on_invocation_end``.
@@ -317,6 +563,10 @@ class InvocationHooks:
         await self._call_all("on_invocation_end", outcome)
 
     async def _recorded(self, event: Event) -> None:
+        for name, fn in self._methods.get("on_record", ()):
+            kinds = self._event_kinds.get(fn)
+            if kinds is None or event.kind in kinds:
+                await self._call(name, "on_record", fn, (event,))
         method = _INLINE.get(type(event))
         if method is None or method not in self._methods:
             return
@@ -335,8 +585,14 @@ class InvocationHooks:
             with scope:
                 stream = EventStream(self._store, self._info.invocation_id, rec.origin, live=rec)
                 try:
+                    followers = [
+                        (name, fn, self._event_kinds.get(fn))
+                        for name, fn in self._methods.get("on_event", ())
+                    ]
                     async for event in stream:
-                        await self._call_all("on_event", event)
+                        for name, fn, kinds in followers:
+                            if kinds is None or event.kind in kinds:
+                                await self._call(name, "on_event", fn, (event,))
                 except Exception as exc:  # the store could not be read: stop following
                     why = f"on_event stopped: the events could not be read: {type(exc).__name__}"
                     self._failed("*", "on_event", exc, message=f"{why}: {exc}")
@@ -347,7 +603,23 @@ class InvocationHooks:
         for name, fn in self._methods.get(method, ()):
             await self._call(name, method, fn, args)
 
+    async def _call_shielded(self, method: str, *args: Any) -> None:
+        found = self._methods.get(method, ())
+        if all(fn in self._nonblocking for _, fn in found):  # they cannot see a cancel
+            for name, fn in found:
+                await self._call(name, method, fn, args)
+            return
+        with trio.CancelScope(shield=True):
+            for name, fn in found:
+                await self._call(name, method, fn, args)
+
     async def _call(self, name: str, method: str, fn: HookMethod, args: tuple[Any, ...]) -> None:
+        if fn in self._nonblocking:  # it cannot block: no deadline scope (see the docstring)
+            try:
+                await fn(self._info, *args)
+            except Exception as exc:  # trio.Cancelled is a BaseException: it passes
+                self._failed(name, method, exc)
+            return
         with trio.move_on_after(self._timeout) as deadline:
             try:
                 await fn(self._info, *args)

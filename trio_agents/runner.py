@@ -73,7 +73,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import Any
 
@@ -371,6 +371,7 @@ class Runner(InvocationControl):
         session_id: str | None,
         exclusive: bool = True,
         with_write: JournalWrite | None = None,
+        caller_trace: Mapping[str, str] | None = None,
     ) -> Invocation:
         """A new invocation, made durable here, run in ``nursery`` (see :meth:`_launch`)."""
         _, env = self._check_open()
@@ -383,6 +384,7 @@ class Runner(InvocationControl):
             session_id=session_id,
             resumed=False,
             exclusive=exclusive,
+            caller_trace=caller_trace,
         )
         await self._launch(nursery, inv, with_write)
         return inv
@@ -617,6 +619,7 @@ class Runner(InvocationControl):
         session_id: str,
         nursery: trio.Nursery,
         with_write: JournalWrite,
+        caller_trace: Mapping[str, str] | None = None,
     ) -> Invocation:
         return await self._start_in(
             nursery,
@@ -626,6 +629,7 @@ class Runner(InvocationControl):
             user_id=user_id,
             session_id=session_id,
             with_write=with_write,
+            caller_trace=caller_trace,
         )
 
     async def _resume_turn(

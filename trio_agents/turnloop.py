@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Final, Protocol
 
@@ -88,6 +88,7 @@ from ._loop_policy import (
 from ._loop_stream import LoopEventStream, id_text
 from ._outcome import cut_off
 from ._recorder import Recorder
+from ._tracecontext import incoming as incoming_trace
 from .agents._context import AgentLike
 from .events import (
     CancelMode,
@@ -142,6 +143,7 @@ class TurnHost(Protocol):
         session_id: str,
         nursery: trio.Nursery,
         with_write: JournalWrite,
+        caller_trace: Mapping[str, str] | None = None,
     ) -> Invocation: ...
 
     async def _resume_turn(
@@ -177,6 +179,8 @@ class TurnLoop:
         self._env = env = host._turn_env()
         self.recorder = Recorder(self.id, writer=env.writer, head=(0, 0), log_limit=env.log_limit)
         self._pending: list[MessageReceived] = []
+        # message seq -> its sender's trace context (in memory: a later opening has none)
+        self._traces: dict[int, Mapping[str, str]] = {}
         self._joins: dict[int, bool] = {}  # message seq -> answered with the one before it
         self._undecided: list[MessageReceived] = []  # arrived while a turn was being started
         self._unfinished: list[LoopTurnStarted] = []  # turns an earlier opening left running
@@ -220,11 +224,15 @@ class TurnLoop:
         if not text.strip():
             raise UsageError("a message must not be empty")
         self._check_accepting()
+        hooks = self._env.hooks  # the sender's trace context, asked in the sender's task
+        trace = hooks.trace_context() if hooks is not None else incoming_trace.get()
         message = await self.recorder.record(
             MessageReceived, text=text, user_id=user_id or self.user_id
         )
         # Durable: from here on it is answered, by this opening of the loop or the next.
         self._pending.append(message)
+        if trace:
+            self._traces[message.seq] = trace
         if self._starting:
             self._undecided.append(message)
             self._joins[message.seq] = False
@@ -384,6 +392,9 @@ class TurnLoop:
         assert self._turns is not None
         assert self.recorder.lease is not None
         turn_id = uuid.uuid4().hex
+        # The turn's caller is the sender of its last message that had a trace context (else
+        # the loop's opener: the turn is started in the driver's task, a copy of its context).
+        trace = next((t for m in reversed(batch) if (t := self._traces.get(m.seq))), None)
         self._starting = True
         try:
             async with self.recorder.stored_by_caller(
@@ -397,6 +408,7 @@ class TurnLoop:
                     session_id=self.session_id,
                     nursery=self._turns,
                     with_write=JournalWrite(lease=self.recorder.lease, events=(claim,)),
+                    caller_trace=trace,
                 )
         except LeaseError as exc:  # another process holds the loop now: this opening ends
             self._lost = str(exc)
@@ -415,6 +427,7 @@ class TurnLoop:
         self._pending = [m for m in self._pending if m.seq not in claimed]
         for seq in claimed:  # decided: a long conversation keeps no trace of them here
             self._joins.pop(seq, None)
+            self._traces.pop(seq, None)
         await self._follow(turn)
 
     async def _follow(self, turn: Invocation) -> None:

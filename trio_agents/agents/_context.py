@@ -7,19 +7,21 @@ they know nothing of stores, subscribers or transports.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import Protocol
 
 import attrs
 import trio
 
 from ..events import Event
-from ..messages import Message, ModelResponse, ToolCall, ToolResult
+from ..messages import Message, ModelRequest, ModelResponse, ToolCall, ToolResult
+from ..models._base import Model
 
 __all__ = [
     "AgentLike",
     "ApprovalAnswer",
     "GateSpec",
+    "ModelTurnLike",
     "PauseRequested",
     "RunContext",
     "StopRequested",
@@ -73,6 +75,14 @@ class GateSpec:
     expires_after: float | None = None
 
 
+class ModelTurnLike(Protocol):
+    """What :meth:`RunContext.model_call` gives: the stream's cancel scope, and the
+    response the agent sets when the stream finished."""
+
+    scope: trio.CancelScope
+    response: ModelResponse | None
+
+
 class RunContext(Protocol):
     """The invocation an agent runs in."""
 
@@ -111,6 +121,11 @@ class RunContext(Protocol):
         """Journal that this step finished with ``output``, then publish it."""
         ...
 
+    def step(self, step: str, input: str) -> AbstractAsyncContextManager[RunContext]:
+        """A workflow step's block: gives :meth:`child` ``(step, input)``, with the runner's
+        ``on_step_start`` hooks before it and ``on_step_end`` after it, whatever ends it."""
+        ...
+
     def check_stop(self) -> None:
         """A safe point: raise :class:`StopRequested` if a safe-point cancel is due."""
         ...
@@ -125,6 +140,14 @@ class RunContext(Protocol):
 
         Entering it starts a new turn's partial output (what a cancel keeps).
         """
+        ...
+
+    def model_call(
+        self, turn: int, model: Model, request: ModelRequest
+    ) -> AbstractAsyncContextManager[ModelTurnLike]:
+        """A model turn's block: :meth:`stream_scope`, with the runner's ``on_model_start``
+        hooks before it and ``on_model_end`` after it, whatever ends it.  Set ``response`` on
+        what it gives once the stream finished; its ``scope`` is the stream's cancel scope."""
         ...
 
     def emit_text(self, turn: int, text: str) -> None:

@@ -211,15 +211,17 @@ class Agent:
             max_tokens=self.max_tokens,
             temperature=self.temperature,
         )
-        with ctx.stream_scope() as scope:
-            async with self.model.stream(request) as stream:
-                async for chunk in stream:
-                    if isinstance(chunk, TextChunk):
-                        ctx.emit_text(turn, chunk.text)
-                    elif isinstance(chunk, ReasoningChunk):
-                        ctx.emit_reasoning(turn, chunk.text)
-                response = stream.response
-        if scope.cancelled_caught:
+        async with (
+            ctx.model_call(turn, self.model, request) as call,  # the stream scope, and hooks
+            self.model.stream(request) as stream,
+        ):
+            async for chunk in stream:
+                if isinstance(chunk, TextChunk):
+                    ctx.emit_text(turn, chunk.text)
+                elif isinstance(chunk, ReasoningChunk):
+                    ctx.emit_reasoning(turn, chunk.text)
+            response = call.response = stream.response
+        if call.scope.cancelled_caught:
             raise StopRequested
         response = unique_call_ids(response, turn)
         await ctx.record_turn(turn, response)

@@ -51,9 +51,9 @@ def _check_steps(kind: str, name: str, steps: Sequence[AgentLike]) -> tuple[Agen
 
 
 async def _run_step(ctx: RunContext, key: str, step: AgentLike, text: str) -> str:
-    child = ctx.child(key, text)
-    output = await step.run(child)
-    await child.record_step_finished(output)
+    async with ctx.step(key, text) as child:
+        output = await step.run(child)
+        await child.record_step_finished(output)
     return output
 
 

@@ -44,6 +44,7 @@ async def serve_agents(
     lease_ttl: float = 30.0,
     ui: bool = True,
     recover: Recover = "resume",
+    otel: bool = False,
 ) -> None:
     """Serve ``agents`` (and, with ``ui``, the dev UI at ``/``) until SIGTERM or Ctrl-C.
 
@@ -51,8 +52,52 @@ async def serve_agents(
     cancels what runs here with reason ``shutdown``, and the runner stores every ending before
     the command exits.  With ``recover`` (default ``"resume"``) it takes over the invocations
     and turn loops of its agents whose process died (see :mod:`trio_agents._recovery`).
+    With ``otel``, invocations are traced and measured (:mod:`trio_agents.otel`), exported as
+    the ``OTEL_*`` variables say; what is buffered is flushed at exit.
     """
-    async with Runner(store, agents=agents, lease_ttl=lease_ttl, recover=recover) as runner:
+    hooks: list[object] = []
+    telemetry = None
+    if otel:
+        from .. import otel as ta_otel
+
+        telemetry = ta_otel.configure(service_name="trio-agents")
+        hooks.append(ta_otel.OTelHooks())
+    try:
+        await _serve(
+            console,
+            agents,
+            Runner(store, agents=agents, lease_ttl=lease_ttl, recover=recover, hooks=hooks),
+            store=store,
+            host=host,
+            port=port,
+            tokens=tokens,
+            insecure_dev=insecure_dev,
+            cors_origins=cors_origins,
+            max_active_per_user=max_active_per_user,
+            ui=ui,
+            recover=recover,
+        )
+    finally:
+        if telemetry is not None:
+            telemetry.shutdown()
+
+
+async def _serve(
+    console: Console,
+    agents: Sequence[AgentLike],
+    opening: Runner,
+    *,
+    store: str,
+    host: str,
+    port: int,
+    tokens: dict[str, str],
+    insecure_dev: bool,
+    cors_origins: Sequence[str],
+    max_active_per_user: int,
+    ui: bool,
+    recover: Recover,
+) -> None:
+    async with opening as runner:
         app = create_app(
             agents,
             runner=runner,
@@ -127,6 +172,13 @@ def register(app: typer.Typer) -> None:
             bool, typer.Option(help="serve the dev UI at / (a page to chat, stop and approve)")
         ] = True,
         recover: RecoverOption = RecoverChoice.resume,
+        otel: Annotated[
+            bool,
+            typer.Option(
+                help="trace and measure with OpenTelemetry, exported as the standard OTEL_* "
+                "variables say (needs trio-agents[otel])"
+            ),
+        ] = False,
     ) -> None:
         """Serve agents over HTTP, SSE and WebSocket, with the dev UI at /, until SIGTERM or
         Ctrl-C."""
@@ -154,6 +206,7 @@ def register(app: typer.Typer) -> None:
                 lease_ttl=lease_ttl,
                 recover=recover.value,
                 ui=ui,
+                otel=otel,
             )
             return 0
 

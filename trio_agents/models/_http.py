@@ -49,6 +49,7 @@ from .._exceptions import (
     StreamErrorEvent,
     UsageError,
 )
+from .._tracecontext import outgoing as outgoing_trace
 from ..messages import ModelResponse
 from ._base import StreamChunk
 from ._config import BODY_KEPT, request_id_of
@@ -390,8 +391,12 @@ class HTTPSession:
         self, url: str, body: Mapping[str, Any], headers: Mapping[str, str]
     ) -> httpx2.Response:
         client = self.client
+        sent = dict(headers)
+        trace = outgoing_trace.get()  # a tracing hook's model call span (see .._tracecontext)
+        if trace:
+            sent.update(trace)
         request = client.build_request(
-            "POST", url, json=dict(body), headers=dict(headers), timeout=self._timeout
+            "POST", url, json=dict(body), headers=sent, timeout=self._timeout
         )
         try:
             response = await client.send(request, stream=True)

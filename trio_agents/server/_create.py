@@ -11,8 +11,11 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .._exceptions import TrioAgentsError, UsageError
+from .._tracecontext import carrier_of
+from .._tracecontext import incoming as incoming_trace
 from ..agents import AgentLike
 from ..runner import Runner
 from ._app import MAX_BODY, ServerState
@@ -24,6 +27,27 @@ from ._routes import http_routes
 from ._ui import ui_routes
 
 __all__ = ["create_app"]
+
+
+class TraceContextMiddleware:
+    """The W3C trace context (``traceparent``, ``tracestate``) of each HTTP request or
+    WebSocket handshake, set as :data:`trio_agents.hooks.incoming_trace` while it is served:
+    an invocation started or resumed for it is its child (see :mod:`trio_agents.hooks`).
+    Plain ASGI, so the route runs in this task and sees the context variable."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        carrier = carrier_of(scope.get("headers", ())) if scope["type"] != "lifespan" else {}
+        if not carrier:
+            await self.app(scope, receive, send)
+            return
+        token = incoming_trace.set(carrier)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            incoming_trace.reset(token)
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
@@ -96,7 +120,7 @@ def create_app(
     ]
     if ui:
         routes += ui_routes()
-    middleware = []
+    middleware = [Middleware(TraceContextMiddleware)]
     origins = list(cors_origins)
     if origins:
         middleware.append(
@@ -104,7 +128,13 @@ def create_app(
                 CORSMiddleware,
                 allow_origins=origins,
                 allow_methods=["GET", "POST", "DELETE"],
-                allow_headers=["Authorization", "Content-Type", "Last-Event-ID"],
+                allow_headers=[
+                    "Authorization",
+                    "Content-Type",
+                    "Last-Event-ID",
+                    "traceparent",
+                    "tracestate",
+                ],
             )
         )
     app = Starlette(
