@@ -42,6 +42,7 @@ def bench(session: nox.Session) -> None:
         "server",
         "batch",
         "fleet",
+        "streams",
     ):
         session.run("python", "-m", f"benchmarks.{script}", *session.posargs)
 

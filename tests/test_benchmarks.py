@@ -79,6 +79,10 @@ EXPECTED = {
         r"kill of an instance holding \d+: all running again after [\d.]+ s .* lost 0, run "
         r"twice 0|PostgreSQL: skipped",
     ],
+    "streams": [
+        r"\| 20 \| \d+ \| \d+ \| \d+ \| \d+ \| [\d.]+ / [\d.]+ / [\d.]+ \| \d+ \| \d+ / \d+ \|"
+        r" \d+ \| [\d.]+ \| [\d.]+ \| \d+% \| \d+, \d+ ms \| \d+ / \d+ \|"
+    ],
     "parked": [
         r"memory per parked invocation: [\d.]+ KiB Python \(RSS -?[\d.]+ KiB\)",
         r"start: [\d.]+ s \([\d.]+ us/start\)",
