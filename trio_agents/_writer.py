@@ -134,7 +134,7 @@ class JournalWriter:
         commit_timeout: float,
         flush_interval: float = 0.25,
         max_batch: int = 512,
-        max_rows: int = 4096,
+        max_rows: int = 2048,
     ) -> None:
         self._store = store
         self.commit_timeout = commit_timeout
