@@ -283,17 +283,18 @@ class JournalWriter:
                 room = self.max_rows - rows
                 if room <= 0 or len(slots) >= self.max_batch:
                     self._dirty[source] = None
+                    self._urgent = True  # a backlog: the next commit goes at once
                     continue
                 write, more = source.take_deltas(room)
                 if write is not None:
                     slots.append(_Slot(write, source))
                     rows += len(write.deltas)
+                    if more:  # a prefix: the rest is due now too
+                        self._urgent = True
                 if more:
                     again.append(source)
             for source in again:
                 self._dirty[source] = None
-            if self._dirty and rows >= self.max_rows:
-                self._urgent = True  # a backlog: the next commit goes at once
         if not slots:
             return
         errors = await self._commit([s.write for s in slots])
