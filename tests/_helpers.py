@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import trio
 
 from trio_agents import InvocationNotFound, StoreUnavailableError
 from trio_agents.events import Event, InvocationEnded, InvocationStarted
-from trio_agents.stores import CommitResult, JournalWrite, MemoryStore
+from trio_agents.stores import CommitResult, JournalWrite, MemoryStore, SQLiteStore
 
 
 def live_task_names() -> list[str]:
@@ -178,19 +179,40 @@ class FlakyStore(MemoryStore):
         self.commits: list[Sequence[JournalWrite]] = []
 
     async def commit(self, writes: Sequence[JournalWrite]) -> list[CommitResult]:
-        flush = any(w.deltas and not w.events for w in writes)
-        mode = self.modes.pop(0) if flush and self.modes else "ok"
-        if self.delay:
-            await trio.sleep(self.delay)
-        if mode == "lost":
-            await trio.sleep_forever()
-        if mode == "down":
-            raise StoreUnavailableError("the test store is down; nothing was written")
-        results = await super().commit(writes)
-        self.commits.append(writes)
-        if mode == "landed":
-            await trio.sleep_forever()
-        return results
+        return await flaky_commit(self, super().commit, writes)
+
+
+class FlakySQLiteStore(SQLiteStore):
+    """:class:`FlakyStore`'s commits on a SQLite file."""
+
+    def __init__(self, path: Path, delay: float = 0.0) -> None:
+        super().__init__(path)
+        self.delay = delay
+        self.modes: list[str] = []
+        self.commits: list[Sequence[JournalWrite]] = []
+
+    async def commit(self, writes: Sequence[JournalWrite]) -> list[CommitResult]:
+        return await flaky_commit(self, super().commit, writes)
+
+
+async def flaky_commit(
+    store: FlakyStore | FlakySQLiteStore,
+    commit: Callable[[Sequence[JournalWrite]], Awaitable[list[CommitResult]]],
+    writes: Sequence[JournalWrite],
+) -> list[CommitResult]:
+    flush = any(w.deltas and not w.events for w in writes)
+    mode = store.modes.pop(0) if flush and store.modes else "ok"
+    if store.delay:
+        await trio.sleep(store.delay)
+    if mode == "lost":
+        await trio.sleep_forever()
+    if mode == "down":
+        raise StoreUnavailableError("the test store is down; nothing was written")
+    results = await commit(writes)
+    store.commits.append(writes)
+    if mode == "landed":
+        await trio.sleep_forever()
+    return results
 
 
 def journal_gaps(events: Sequence[Event]) -> list[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 import trio
@@ -21,7 +22,14 @@ from trio_agents.events import TextDelta
 from trio_agents.models import ScriptedModel, ScriptedTurn
 from trio_agents.stores import InvocationRecord, JournalWrite, Lease
 
-from ._helpers import Fates, FlakyStore, eventually, fates_of_calls, journal_gaps
+from ._helpers import (
+    Fates,
+    FlakySQLiteStore,
+    FlakyStore,
+    eventually,
+    fates_of_calls,
+    journal_gaps,
+)
 
 
 def write(n: int) -> JournalWrite:
@@ -115,16 +123,19 @@ def streamer(chunks: int, delay: float) -> Agent:
     )
 
 
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
 @pytest.mark.parametrize("mode", ["lost", "landed", "down"])
 async def test_a_flush_that_fails_is_sent_again_with_no_gap_and_no_duplicate(
-    autojump_clock: trio.abc.Clock, mode: str
+    autojump_clock: trio.abc.Clock, mode: str, kind: str, tmp_path: Path
 ) -> None:
     """The second flush of a 200-delta stream is cut off at ``commit_timeout`` before it
     reached the store (``lost``), after (``landed``: the commit may have landed, and did), or
     fails at once (``down``).  The invocation completes with no store error, and its journal
     holds every delta once, in order: the flush went back to the head of what was pending and
     was sent again (after reading the store's head, when the commit may have landed)."""
-    store = FlakyStore()
+    store = FlakyStore() if kind == "memory" else FlakySQLiteStore(tmp_path / "flaky.db")
+    if isinstance(store, FlakySQLiteStore):
+        await store.open()  # in a thread: before the clock can jump to any deadline
     store.modes = ["ok", mode]
     with trio.fail_after(60):
         async with Runner(store=store, cleanup_timeout=1.0) as runner:
@@ -137,6 +148,8 @@ async def test_a_flush_that_fails_is_sent_again_with_no_gap_and_no_duplicate(
     assert texts == [f"t{i} " for i in range(200)]
     assert journal[-1].kind == "ended"
     assert store.modes == []  # the failure happened
+    if isinstance(store, FlakySQLiteStore):
+        await store.aclose()
 
 
 async def test_a_flush_larger_than_max_rows_is_split_in_order(
