@@ -8,7 +8,7 @@ from typing import Any
 
 import trio
 
-from trio_agents import InvocationNotFound, StoreUnavailableError
+from trio_agents import InvocationNotFound, LeaseError, StoreUnavailableError
 from trio_agents.events import Event, InvocationEnded, InvocationStarted
 from trio_agents.stores import CommitResult, JournalWrite, MemoryStore, SQLiteStore
 
@@ -169,8 +169,9 @@ class FlakyStore(MemoryStore):
     and the next modes queued in ``modes`` apply to the commits that carry a delta flush (a
     write with deltas and no events), one a commit: ``"lost"`` sleeps forever before
     committing (cut off at ``commit_timeout``: nothing landed), ``"landed"`` commits, then
-    sleeps forever (cut off: it landed), ``"down"`` raises ``StoreUnavailableError``.  Each
-    commit's writes are kept in ``commits``."""
+    sleeps forever (cut off: it landed), ``"down"`` raises ``StoreUnavailableError``,
+    ``"fenced"`` refuses every write with ``LeaseError``.  Each commit's writes are kept in
+    ``commits``."""
 
     def __init__(self, delay: float = 0.0) -> None:
         super().__init__()
@@ -208,6 +209,9 @@ async def flaky_commit(
         await trio.sleep_forever()
     if mode == "down":
         raise StoreUnavailableError("the test store is down; nothing was written")
+    if mode == "fenced":
+        store.commits.append(writes)
+        return [LeaseError("another owner holds the lease; nothing was written") for _ in writes]
     results = await commit(writes)
     store.commits.append(writes)
     if mode == "landed":

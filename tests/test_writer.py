@@ -123,8 +123,10 @@ def streamer(chunks: int, delay: float) -> Agent:
     )
 
 
-@pytest.mark.parametrize("kind", ["memory", "sqlite"])
-@pytest.mark.parametrize("mode", ["lost", "landed", "down"])
+@pytest.mark.parametrize(
+    ("mode", "kind"),
+    [("lost", "memory"), ("landed", "memory"), ("down", "memory"), ("landed", "sqlite")],
+)
 async def test_a_flush_that_fails_is_sent_again_with_no_gap_and_no_duplicate(
     autojump_clock: trio.abc.Clock, mode: str, kind: str, tmp_path: Path
 ) -> None:
@@ -132,7 +134,8 @@ async def test_a_flush_that_fails_is_sent_again_with_no_gap_and_no_duplicate(
     reached the store (``lost``), after (``landed``: the commit may have landed, and did), or
     fails at once (``down``).  The invocation completes with no store error, and its journal
     holds every delta once, in order: the flush went back to the head of what was pending and
-    was sent again (after reading the store's head, when the commit may have landed)."""
+    was sent again (after reading the store's head, when the commit may have landed: on
+    SQLite too, where a second insert would be refused as not after the stored head)."""
     store = FlakyStore() if kind == "memory" else FlakySQLiteStore(tmp_path / "flaky.db")
     if isinstance(store, FlakySQLiteStore):
         await store.open()  # in a thread: before the clock can jump to any deadline
@@ -175,6 +178,37 @@ async def test_a_flush_larger_than_max_rows_is_split_in_order(
     journal = await store.read_events("inv")
     assert [e.text for e in journal if isinstance(e, TextDelta)] == [f"t{i} " for i in range(1000)]
     assert journal_gaps(journal) == []
+
+
+async def test_a_flush_refused_for_good_is_dropped_and_said(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """A flush refused because the lease is gone (``LeaseError``) will not be taken later:
+    it is not sent again, and the recorder's ``store_error`` says how many deltas were lost.
+    A flush of a store that was down is kept and sent again."""
+    store = FlakyStore()
+    store.modes = ["down", "fenced"]
+    lease = await store.create_invocation(
+        InvocationRecord(id="inv", agent="a", input="go", owner="me"), ttl=1000.0
+    )
+    writer = JournalWriter(store, commit_timeout=5.0)
+    recorder = Recorder("inv", writer=writer, head=(0, 0), log_limit=16)
+    recorder.lease = lease
+    for i in range(10):
+        recorder.publish_text("", 1, f"t{i} ")
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            scope = await nursery.start(writer.serve)
+            await eventually(lambda: recorder.store_error is not None)
+            await trio.sleep(5 * writer.flush_interval)  # nothing more is sent
+            scope.cancel()
+    assert (writer.retried, writer.dropped) == (1, 1)
+    assert len(store.commits) == 1  # "down" raised before it was kept; "fenced" kept
+    assert recorder.pending == []
+    assert recorder.store_error is not None
+    assert "LeaseError" in recorder.store_error
+    assert "10 deltas lost" in recorder.store_error
+    assert await store.read_events("inv") == []
 
 
 async def test_a_producer_faster_than_the_store_waits(autojump_clock: trio.abc.Clock) -> None:
