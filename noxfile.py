@@ -43,6 +43,7 @@ def bench(session: nox.Session) -> None:
         "batch",
         "fleet",
         "otel",
+        "streams",
     ):
         session.run("python", "-m", f"benchmarks.{script}", *session.posargs)
 
@@ -50,10 +51,10 @@ def bench(session: nox.Session) -> None:
 @nox.session
 def fuzz(session: nox.Session) -> None:
     """The randomized cancel, turn-loop, batch, gate-closer, mass-cancel, PostgreSQL lock-order,
-    changes-feed and fleet (processes killed at random) tests at nightly size: thousands of
-    scenarios (the suite runs a couple of hundred), 1,000 parked invocations cancelled on
-    PostgreSQL, a hundred fleets on each store.  ``-- -x`` stops at the first failure, which
-    names its seed."""
+    changes-feed, fleet (processes killed at random) and journal-writer tests at nightly size:
+    thousands of scenarios (the suite runs a couple of hundred), 1,000 parked invocations
+    cancelled on PostgreSQL, a hundred fleets on each store.  ``-- -x`` stops at the first
+    failure, which names its seed."""
     session.install("-e", ".[dev]")
     session.run(
         "pytest",
@@ -68,6 +69,7 @@ def fuzz(session: nox.Session) -> None:
         "tests/test_store_lock_order.py",
         "tests/test_changes_feed.py",
         "tests/test_fleet.py",
+        "tests/test_writer_fuzz.py",
         *session.posargs,
         env={
             "TRIO_AGENTS_FUZZ": "5000",

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import trio
 
-from trio_agents import InvocationNotFound, StoreUnavailableError
+from trio_agents import InvocationNotFound, LeaseError, StoreUnavailableError
 from trio_agents.events import Event, InvocationEnded, InvocationStarted
+from trio_agents.stores import CommitResult, JournalWrite, MemoryStore, SQLiteStore
 
 
 def live_task_names() -> list[str]:
@@ -160,3 +162,72 @@ async def eventually(check: Callable[[], Awaitable[bool] | bool], *, every: floa
         if result:
             return
         await trio.sleep(every)
+
+
+class FlakyStore(MemoryStore):
+    """A memory store whose commits misbehave as told: each commit takes ``delay`` seconds,
+    and the next modes queued in ``modes`` apply to the commits that carry a delta flush (a
+    write with deltas and no events), one a commit: ``"lost"`` sleeps forever before
+    committing (cut off at ``commit_timeout``: nothing landed), ``"landed"`` commits, then
+    sleeps forever (cut off: it landed), ``"down"`` raises ``StoreUnavailableError``,
+    ``"fenced"`` refuses every write with ``LeaseError``.  Each commit's writes are kept in
+    ``commits``."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        super().__init__()
+        self.delay = delay
+        self.modes: list[str] = []
+        self.commits: list[Sequence[JournalWrite]] = []
+
+    async def commit(self, writes: Sequence[JournalWrite]) -> list[CommitResult]:
+        return await flaky_commit(self, super().commit, writes)
+
+
+class FlakySQLiteStore(SQLiteStore):
+    """:class:`FlakyStore`'s commits on a SQLite file."""
+
+    def __init__(self, path: Path, delay: float = 0.0) -> None:
+        super().__init__(path)
+        self.delay = delay
+        self.modes: list[str] = []
+        self.commits: list[Sequence[JournalWrite]] = []
+
+    async def commit(self, writes: Sequence[JournalWrite]) -> list[CommitResult]:
+        return await flaky_commit(self, super().commit, writes)
+
+
+async def flaky_commit(
+    store: FlakyStore | FlakySQLiteStore,
+    commit: Callable[[Sequence[JournalWrite]], Awaitable[list[CommitResult]]],
+    writes: Sequence[JournalWrite],
+) -> list[CommitResult]:
+    flush = any(w.deltas and not w.events for w in writes)
+    mode = store.modes.pop(0) if flush and store.modes else "ok"
+    if store.delay:
+        await trio.sleep(store.delay)
+    if mode == "lost":
+        await trio.sleep_forever()
+    if mode == "down":
+        raise StoreUnavailableError("the test store is down; nothing was written")
+    if mode == "fenced":
+        store.commits.append(writes)
+        return [LeaseError("another owner holds the lease; nothing was written") for _ in writes]
+    results = await commit(writes)
+    store.commits.append(writes)
+    if mode == "landed":
+        await trio.sleep_forever()
+    return results
+
+
+def journal_gaps(events: Sequence[Event]) -> list[str]:
+    """What is wrong with the ids of one journal as read back: each id after the one before,
+    durable seqs 1, 2, 3 ..., and the deltas under a seq numbered 1, 2, 3 ... with none missing."""
+    wrong: list[str] = []
+    last = (0, 0)
+    for event in events:
+        key = (event.seq, event.sub)
+        expected = (last[0], last[1] + 1) if event.sub else (last[0] + 1, 0)
+        if key != expected:
+            wrong.append(f"{key} after {last}")
+        last = key
+    return wrong

@@ -84,6 +84,10 @@ EXPECTED = {
         rf" \| batch [\d.]+ ms \([\d.]+x\)"
         for run in ("scripted, 2 tools", "http, 20 tokens")
     ],
+    "streams": [
+        r"\| 20 \| \d+ \| \d+ \| \d+ \| \d+ \| [\d.]+ / [\d.]+ / [\d.]+ \| \d+ \| \d+ / \d+ \|"
+        r" \d+ \| [\d.]+ \| [\d.]+ \| \d+% \| \d+, \d+ ms \| \d+ / \d+ \|"
+    ],
     "parked": [
         r"memory per parked invocation: [\d.]+ KiB Python \(RSS -?[\d.]+ KiB\)",
         r"start: [\d.]+ s \([\d.]+ us/start\)",

@@ -45,7 +45,13 @@ class SlowSQLiteStore(SQLiteStore):
     slow disk, in the store's worker thread (on the trio thread it would stall the loop)."""
 
     async def _run(
-        self, fn: Callable[[Any], T], *, write: bool, urgent: bool = False, rows: int = 1
+        self,
+        fn: Callable[[Any], T],
+        *,
+        write: bool,
+        urgent: bool = False,
+        rows: int = 1,
+        inline_rows: int = 0,
     ) -> T:
         return await super()._run(fn, write=write, urgent=urgent, rows=ALL_ROWS if write else rows)
 
@@ -55,12 +61,10 @@ class SlowSQLiteStore(SQLiteStore):
         fn: Callable[[Any], T],
         write: bool,
         abort: threading.Event,
-        *,
-        checkpoint: bool = False,
     ) -> T:
         if write:
             time.sleep(WRITE_DELAY)
-        return super()._transact(conn, fn, write, abort, checkpoint=checkpoint)
+        return super()._transact(conn, fn, write, abort)
 
     def _transact_together(self, items: Sequence[object], aborts: Sequence[threading.Event]) -> Any:
         time.sleep(WRITE_DELAY)  # one transaction, however many writes it holds

@@ -62,6 +62,7 @@ from trio_agents.stores._records import decode_entry
 from trio_agents.stores._sql import MIGRATIONS
 from trio_agents.stores._threads import INTERRUPTER_NAME, WORKER_NAME
 
+from ._helpers import eventually
 from .conftest import MEMORY, POSTGRES, SQLITE, FakeClock, StoreCase, only
 
 FIXTURES = Path(__file__).parent / "fixtures" / "journal-v1"
@@ -1165,11 +1166,12 @@ async def test_sqlite_calls_that_cannot_wait_run_on_the_trio_thread(case: StoreC
 
 
 @only(SQLITE)
-async def test_sqlite_checkpoints_the_wal_in_the_worker_thread(
+async def test_sqlite_checkpoints_the_wal_in_a_thread_of_its_own(
     case: StoreCase, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """SQLite's automatic checkpoints are off; every few writes one goes to the worker thread
-    and checkpoints the WAL into the database file first."""
+    """SQLite's automatic checkpoints are off; every few writes a checkpoint starts in a
+    thread of its own, on a connection of its own, and the writes go on meanwhile: none waits
+    for it (a commit under load must not carry a checkpoint's time)."""
     import trio_agents.stores.sqlite as sqlite_store
 
     monkeypatch.setattr(sqlite_store, "_CHECKPOINT_EVERY", 5)
@@ -1177,18 +1179,27 @@ async def test_sqlite_checkpoints_the_wal_in_the_worker_thread(
         s = case.store
         assert isinstance(s, SQLiteStore)
         lease = await s.create_invocation(record("i1"), ttl=30)
-        checkpoints: list[bool] = []
-        transact = s._transact
+        release = threading.Event()
+        threads: list[str] = []
+        checkpoint = s._checkpoint
 
-        def spy(*args: Any, checkpoint: bool = False) -> Any:
-            checkpoints.append(checkpoint)
-            return transact(*args, checkpoint=checkpoint)
+        def slow_checkpoint() -> None:
+            threads.append(threading.current_thread().name)
+            release.wait(10)  # held until every write below is done
+            checkpoint()
 
-        s._transact = spy  # type: ignore[method-assign,assignment]
+        s._checkpoint = slow_checkpoint  # type: ignore[method-assign]
         for seq in range(1, 13):
             await s.append_events(lease, [turn("i1", seq)])
-        assert checkpoints == [True, True]  # writes 6 and 12 (the create was the first)
-        assert await seqs(s, "i1") == list(range(1, 13))
+        await eventually(lambda: bool(threads))
+        assert threads == ["trio_agents checkpoint"]  # one at a time, though another is due
+        release.set()
+        await eventually(lambda: s._checkpointing is None)
+        for seq in range(13, 16):  # the first starts the checkpoint that was due
+            await s.append_events(lease, [turn("i1", seq)])
+        await eventually(lambda: s._checkpointing is None)
+        assert len(threads) == 2
+        assert await seqs(s, "i1") == list(range(1, 16))
 
 
 # ---- the runner on every store --------------------------------------------------------------

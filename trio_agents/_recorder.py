@@ -9,6 +9,17 @@ Ids (see :mod:`trio_agents.events`)
     log is always in id order.  If the durable write fails, its seq is given back and the held
     events are renumbered under the previous one: no id is skipped or used twice.
 
+Flushes
+    The writer takes the oldest pending deltas (at most what its commit has room for) and
+    tells the recorder their fate.  A flush the store may take later (unavailable, or cut off
+    at ``commit_timeout``) goes back to the head of ``pending``, in order, and is sent again -
+    after reading the store's head if the cut-off commit may have landed, so nothing is stored
+    twice; a flush the store refused for good (the lease was lost) is dropped and
+    ``store_error`` says so.  Ids are never skipped.  A durable write waits for a flush in
+    flight: its deltas go first.  A producer faster than the store waits in :meth:`room`
+    while more than ``ROOM_AT`` deltas are pending (back-pressure: the model's stream is
+    then not read).
+
 The live log
     The published events, kept in memory for this process's readers, are bounded: events
     already in the store are dropped beyond ``log_limit`` (readers that fall behind continue
@@ -32,7 +43,7 @@ from typing import Any, Final, TypeVar
 import attrs
 import trio
 
-from ._exceptions import StoreError, UsageError
+from ._exceptions import StoreError, StoreUnavailableError, UsageError
 from ._writer import CommitUncertain, JournalWriter
 from .events import Event, EventId, InvocationEnded, TextDelta
 from .stores._base import JournalWrite, Lease, SessionEntry
@@ -43,6 +54,8 @@ E = TypeVar("E", bound=Event)
 
 FLUSH_AT: Final = 256
 """Pending deltas that make the writer flush at once rather than at its next interval."""
+ROOM_AT: Final = 4 * FLUSH_AT
+"""Deltas not yet handed to the store past which :meth:`Recorder.room` makes the producer wait."""
 
 
 def _key(event: Event) -> EventId:
@@ -69,14 +82,17 @@ class Recorder:
 
     __slots__ = (
         "_before",
+        "_flushing",
         "_held",
         "_lock",
         "_lot",
         "_readers",
+        "_room",
         "_seq",
         "_sub",
         "_trim_at",
         "_uncertain",
+        "_unsure",
         "_writer",
         "closed",
         "floor",
@@ -110,6 +126,9 @@ class Recorder:
         self.pending: list[Event] = []  # published, not yet stored
         self._held: list[Event] | None = None  # stamped while a durable write is in flight
         self._uncertain = False  # a write's fate is unknown: ids are never given back
+        self._flushing: trio.Event | None = None  # a flush of our deltas is being committed
+        self._unsure = False  # a flush was cut off: read the store's head before sending again
+        self._room: trio.Event | None = None  # a producer waits in room()
         self._lock: trio.Lock | None = None  # made by the first durable write
         self._lot: trio.lowlevel.ParkingLot | None = None  # made by the first reader's wait()
         self._readers = 0  # parked in wait(): publishing wakes them only when there are any
@@ -228,17 +247,66 @@ class Recorder:
 
     # ---- the writer's side (DeltaSource) --------------------------------------------------
 
-    def take_deltas(self) -> tuple[JournalWrite | None, bool]:
-        if self._held is not None or not self.pending or self.lease is None:
-            return None, bool(self.pending)
-        deltas, self.pending = tuple(self.pending), []
-        return JournalWrite(lease=self.lease, deltas=deltas), False
+    def take_deltas(self, limit: int) -> tuple[JournalWrite | None, bool]:
+        pending = self.pending
+        if (
+            self._held is not None
+            or self._flushing is not None
+            or self._unsure
+            or not pending
+            or self.lease is None
+        ):
+            return None, bool(pending)
+        if len(pending) <= limit:
+            deltas, self.pending = tuple(pending), []
+        else:  # the oldest first; the rest wait for the next commit
+            deltas = tuple(pending[:limit])
+            del pending[:limit]
+        self._flushing = trio.Event()
+        self._made_room()
+        return JournalWrite(lease=self.lease, deltas=deltas), bool(self.pending)
 
-    def deltas_written(self, write: JournalWrite, error: StoreError | None) -> None:
+    def deltas_written(self, write: JournalWrite, error: StoreError | None, *, retry: bool) -> None:
+        flushing, self._flushing = self._flushing, None
         if error is None:
             self.stored = max(self.stored, _key(write.deltas[-1]))
+        elif retry:
+            self.pending[:0] = write.deltas  # ahead of newer ones, in order
+            if isinstance(error, CommitUncertain):
+                self._unsure = True
         elif self.store_error is None:
-            self.store_error = f"{type(error).__name__}: {error}"
+            self.store_error = f"{type(error).__name__}: {error} ({len(write.deltas)} deltas lost)"
+        if flushing is not None:
+            flushing.set()
+
+    def settle(self, head: EventId) -> None:
+        self._unsure = False
+        if head > self.stored:
+            self.stored = head
+        pending = self.pending
+        landed = bisect.bisect_right(pending, head, key=_key)
+        if landed:
+            del pending[:landed]
+            self._made_room()
+
+    async def room(self) -> None:
+        """Wait while more than ``ROOM_AT`` deltas wait for the store (back-pressure).
+
+        Returns at once, with no checkpoint, when there is room (the per-delta path); else
+        waits - a checkpoint a cancel interrupts - until flushes made room or the log closed.
+        """
+        if len(self.pending) < ROOM_AT and self._held is None:
+            return
+        while len(self.pending) + len(self._held or ()) >= ROOM_AT and not self.closed:
+            if self._room is None:
+                self._room = trio.Event()
+            self._writer.mark_dirty(self, urgent=True)
+            await self._room.wait()
+
+    def _made_room(self) -> None:
+        if self._room is not None and len(self.pending) < ROOM_AT:
+            self._room.set()
+            self._room = None
 
     # ---- durable events -----------------------------------------------------------------------
 
@@ -359,6 +427,8 @@ class Recorder:
                 self._publish(event)
             self.closed = True
             self._wake_readers()
+            if self._room is not None:
+                self._room.set()
         if self._lock is not None and not self._lock.locked():
             self._lock = None  # idle: an ended invocation keeps no lock (see record)
         return event, error
@@ -372,15 +442,24 @@ class Recorder:
         first: Sequence[Event] = (),
     ) -> None:
         assert self.lease is not None
+        self._held = []
+        if self._flushing is not None or self._unsure:
+            with trio.CancelScope(shield=True):
+                await self._flushed()
         deltas, self.pending = tuple(self.pending), []
         if deltas:
             self._writer.mark_clean(self)
-        self._held = []
+            self._made_room()
         write = JournalWrite(
             lease=self.lease, events=(*first, event), deltas=deltas, session_entry=session_entry
         )
         try:
             try:
+                if self._unsure:
+                    raise StoreUnavailableError(
+                        "the store cannot say whether this invocation's last deltas were "
+                        "stored; nothing was written"
+                    )
                 await self._writer.write(write, deadline=deadline)  # shielded
             except CommitUncertain:
                 with trio.CancelScope(shield=True):
@@ -411,6 +490,17 @@ class Recorder:
         self._publish(event)
         for later in held:
             self._publish_delta(later)
+
+    async def _flushed(self) -> None:
+        """Before a durable write: wait for the flush of earlier deltas in flight (bounded by
+        ``commit_timeout``), and if it was cut off, read the store's head so the deltas that
+        landed are not sent again (``_unsure`` stays set if the store cannot say)."""
+        while self._flushing is not None:
+            await self._flushing.wait()
+        if self._unsure:
+            head = await self._writer.head(self.invocation_id)
+            if head is not None:
+                self.settle(head)
 
     async def _landed(self, event: Event) -> bool:
         """After a cancelled commit: did ``event`` reach the store after all?  Sets

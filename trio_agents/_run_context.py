@@ -156,6 +156,9 @@ class InvocationContext:
     def emit_reasoning(self, turn: int, text: str) -> None:
         self._rec.publish_ephemeral(ReasoningDelta, path=self.path, turn=turn, text=text)
 
+    async def room(self) -> None:
+        await self._rec.room()
+
     async def record_turn(self, turn: int, response: ModelResponse) -> None:
         event = await self._rec.record(
             TurnFinished,

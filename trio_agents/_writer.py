@@ -16,6 +16,22 @@ What it does
     checked on its own inside the transaction: a rejected write changes nothing and fails only
     its own waiter.
 
+Bounded commits
+    A commit carries at most ``max_rows`` events: the queued durable writes first (never held
+    back), then deltas to fill the rest.  An invocation whose deltas do not fit gives the
+    oldest that do and stays dirty; the next commit follows at once.  So a commit's size and
+    time stay bounded however many streams publish, and deltas that pile up while one commit
+    runs wait for the next instead of making it larger (and the producers wait too, see
+    :meth:`~._recorder.Recorder.room`).
+
+Failed flushes
+    A flush the store may still take (:class:`~trio_agents.StoreUnavailableError`, or a commit
+    cut off at ``commit_timeout``) goes back to its invocation, ahead of newer deltas, and is
+    sent again: ids are never skipped.  After a cut-off commit, which may have landed, the
+    store's head of the invocation is read first, so what landed is not sent twice.  A flush
+    the store refused for good (the lease was lost, the ids do not follow what is stored) is
+    dropped, and the invocation's ``store_error`` says so.
+
 What happens on cancel
     The task runs in a shielded scope, so a cancel of the runner's block (Ctrl-C, shutdown)
     does not stop it while invocations still write their endings; the runner cancels it when
@@ -43,6 +59,7 @@ from typing import Protocol
 import trio
 
 from ._exceptions import StoreError, StoreUnavailableError
+from .events import EventId
 from .stores._base import JournalWrite, Store
 
 __all__ = ["CommitUncertain", "DeltaSource", "JournalWriter"]
@@ -60,12 +77,26 @@ class CommitUncertain(StoreUnavailableError):
 class DeltaSource(Protocol):
     """An invocation's recorder, as the writer sees it: deltas to flush between writes."""
 
-    def take_deltas(self) -> tuple[JournalWrite | None, bool]:
-        """The write that stores the deltas published since the last write (``None`` when
-        there are none or a durable write is in flight), and whether more may come."""
+    @property
+    def invocation_id(self) -> str: ...
+
+    def take_deltas(self, limit: int) -> tuple[JournalWrite | None, bool]:
+        """The write that stores the oldest deltas published since the last write, at most
+        ``limit`` of them (``None`` when there are none, a durable write or a flush is in
+        flight, or the source must first :meth:`settle`), and whether more are left."""
         ...
 
-    def deltas_written(self, write: JournalWrite, error: StoreError | None) -> None: ...
+    def deltas_written(self, write: JournalWrite, error: StoreError | None, *, retry: bool) -> None:
+        """The fate of a flush taken with :meth:`take_deltas`: stored (``error`` is ``None``),
+        to be tried again (``retry``: its deltas go back to the head of what is pending, in
+        order), or dropped (the store refused it for good: the source's ``store_error``
+        says so)."""
+        ...
+
+    def settle(self, head: EventId) -> None:
+        """After an uncertain flush: ``head`` is the store's head of the invocation; deltas at
+        or below it are stored and must not be sent again."""
+        ...
 
 
 class _Slot:
@@ -92,6 +123,8 @@ class JournalWriter:
         flush_interval: how long streamed deltas may wait before they are stored (they are
             stored sooner with the invocation's next durable write).
         max_batch: the most writes one transaction carries.
+        max_rows: the most events (durable and deltas) one transaction carries, unless its
+            durable writes alone carry more (they are never held back for deltas).
     """
 
     def __init__(
@@ -101,13 +134,16 @@ class JournalWriter:
         commit_timeout: float,
         flush_interval: float = 0.25,
         max_batch: int = 512,
+        max_rows: int = 2048,
     ) -> None:
         self._store = store
         self.commit_timeout = commit_timeout
         self.flush_interval = flush_interval
         self.max_batch = max_batch
+        self.max_rows = max_rows
         self._queue: deque[_Slot] = deque()
         self._dirty: dict[DeltaSource, None] = {}  # insertion-ordered set
+        self._unsure: dict[DeltaSource, None] = {}  # a flush's commit was cut off: read heads
         self._wake = trio.Event()
         self._asleep = False  # the task waits with no deadline: nothing queued, nothing dirty
         self._urgent = False  # deltas asked to be flushed at once
@@ -116,6 +152,8 @@ class JournalWriter:
         self._stalled = False  # the last commit did not answer within commit_timeout
         self.commits = 0  # statistics: transactions made
         self.writes = 0  # statistics: writes committed (or rejected)
+        self.retried = 0  # statistics: flushes that failed and went back to their source
+        self.dropped = 0  # statistics: flushes the store refused for good
 
     # ---- for invocations ----------------------------------------------------------------
 
@@ -199,10 +237,16 @@ class JournalWriter:
         with trio.CancelScope(shield=True) as scope:
             task_status.started(scope)
             while True:
+                if self._unsure:
+                    await self._settle()
                 if not self._queue and not self._dirty:  # wait for a write, or the first deltas
                     self._asleep = True
                     try:
-                        await self._wake.wait()
+                        if self._unsure:  # the store could not say: ask again in a while
+                            with trio.move_on_after(self.commit_timeout):
+                                await self._wake.wait()
+                        else:
+                            await self._wake.wait()
                     finally:
                         self._asleep = False
                     self._wake = trio.Event()
@@ -222,19 +266,35 @@ class JournalWriter:
 
     async def _commit_once(self) -> None:
         slots: list[_Slot] = []
+        rows = 0
         while self._queue and len(slots) < self.max_batch:
             slot = self._queue.popleft()
             if not slot.withdrawn:
                 slot.taken = True
                 slots.append(slot)
+                rows += len(slot.write.events) + len(slot.write.deltas)
         if self._dirty:
+            # Deltas fill what the durable writes left of max_rows (and max_batch); a source
+            # that does not fit gives a prefix, or waits for the next commit, ahead of those
+            # marked since.  Its deltas are never reordered: the rest stay pending.
             dirty, self._dirty = self._dirty, {}
+            again: list[DeltaSource] = []
             for source in dirty:
-                write, more = source.take_deltas()
+                room = self.max_rows - rows
+                if room <= 0 or len(slots) >= self.max_batch:
+                    self._dirty[source] = None
+                    self._urgent = True  # a backlog: the next commit goes at once
+                    continue
+                write, more = source.take_deltas(room)
                 if write is not None:
                     slots.append(_Slot(write, source))
+                    rows += len(write.deltas)
+                    if more:  # a prefix: the rest is due now too
+                        self._urgent = True
                 if more:
-                    self._dirty[source] = None
+                    again.append(source)
+            for source in again:
+                self._dirty[source] = None
         if not slots:
             return
         errors = await self._commit([s.write for s in slots])
@@ -243,8 +303,41 @@ class JournalWriter:
         for slot, error in zip(slots, errors, strict=True):
             slot.error = error
             if slot.source is not None:
-                slot.source.deltas_written(slot.write, error)
+                self._flushed(slot.source, slot.write, error)
             slot.done.set()
+
+    def _flushed(self, source: DeltaSource, write: JournalWrite, error: StoreError | None) -> None:
+        """Hand a flush's fate to its source.  A store that was unavailable, or did not answer
+        in time, may take the deltas later: they go back to the source, to be sent again (after
+        reading the store's head, if the commit may have landed).  Any other refusal - the
+        lease was lost, the ids do not fit what is stored - will not change: the deltas are
+        dropped and the source's ``store_error`` says so."""
+        if error is None:
+            source.deltas_written(write, None, retry=False)
+            return
+        retry = isinstance(error, StoreUnavailableError)
+        if retry:
+            self.retried += 1
+        else:
+            self.dropped += 1
+        source.deltas_written(write, error, retry=retry)
+        if isinstance(error, CommitUncertain):
+            self._dirty.pop(source, None)
+            self._unsure[source] = None
+        elif retry:
+            self._dirty[source] = None
+
+    async def _settle(self) -> None:
+        """Read the store's head of each source whose flush may have landed, and tell it.
+        Stops at the first the store cannot answer (it is stalled): the rest wait."""
+        while self._unsure:
+            source = next(iter(self._unsure))
+            head = await self.head(source.invocation_id)
+            if head is None:
+                return
+            if self._unsure.pop(source, False) is None:
+                source.settle(head)
+                self._dirty[source] = None
 
     def _stall(self) -> None:
         """The store did not answer a commit: fail the overdue writes still queued."""

@@ -156,6 +156,12 @@ class RunContext(Protocol):
 
     def emit_reasoning(self, turn: int, text: str) -> None: ...
 
+    async def room(self) -> None:
+        """Back-pressure: wait while this invocation has published more deltas than the
+        store has taken yet.  Returns at once (no checkpoint) when there is room; a cancel
+        interrupts the wait.  Call it after emitting, before reading more of the stream."""
+        ...
+
     async def record_turn(self, turn: int, response: ModelResponse) -> None:
         """Journal a finished model turn, then publish it."""
         ...

@@ -220,6 +220,11 @@ class Agent:
                     ctx.emit_text(turn, chunk.text)
                 elif isinstance(chunk, ReasoningChunk):
                     ctx.emit_reasoning(turn, chunk.text)
+                else:
+                    continue
+                # A store slower than the model: stop reading (TCP back-pressure) until the
+                # deltas published so far are taken.
+                await ctx.room()
             response = call.response = stream.response
         if call.scope.cancelled_caught:
             raise StopRequested

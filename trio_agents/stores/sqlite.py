@@ -17,12 +17,16 @@ Where a call runs
     thread does not go on with calls the trio thread can run.  Everything else goes to one
     worker thread that works through a queue, lease renewals first: a call that found the
     lock taken (it waits there in short slices, which a cancel ends), calls queued behind it,
-    unbounded reads and writes (a whole journal, ten thousand leases), migrations, and the WAL
-    checkpoints.  Measured (``python -m benchmarks.batch``, 64 jobs at once): with every call
-    in the thread, a call waited 15-30 ms at the median - the thread must take the GIL back
-    from the busy trio loop after every statement - and SQLite batches ran at 0.5-0.6x the
-    bare client; on the trio thread, at a median of 0.76x over five rounds (the memory store
-    0.80-1.00x in the same runs).
+    unbounded reads and writes (a whole journal, ten thousand leases) and migrations.
+    Measured (``python -m benchmarks.batch``, 64 jobs at once): with every call in the thread,
+    a call waited 15-30 ms at the median - the thread must take the GIL back from the busy
+    trio loop after every statement - and SQLite batches ran at 0.5-0.6x the bare client; on
+    the trio thread, at a median of 0.76x over five rounds (the memory store 0.80-1.00x in the
+    same runs).  A group commit (:meth:`SQLiteStore.commit`) may run on the trio thread up to
+    ``_INLINE_COMMIT_ROWS`` events: the journal writer bounds its commits below that
+    (``max_rows``), and such a commit is a few statements per write - 512 writes of 8 deltas
+    take ~20 ms of SQL on an idle loop.  In the thread, under 1,000 streams, the same commits
+    took 0.5-1 s (``python -m benchmarks.streams``), every statement waiting for the GIL.
 
 Transactions
     Every call is one transaction.  Writes begin with ``BEGIN IMMEDIATE`` - the write lock is
@@ -37,8 +41,9 @@ Durability
     event on ordinary disks; the runner's promises are about the process (cancel, crash,
     restart), which ``NORMAL`` keeps.  SQLite's automatic checkpoints are off: they would copy
     the WAL into the file and sync it inside whichever commit crossed the threshold, on the trio
-    thread.  Instead every ``_CHECKPOINT_EVERY`` write transactions the next write goes to the
-    worker thread and checkpoints (``PASSIVE``: it never waits for readers) before it begins.
+    thread.  Instead every ``_CHECKPOINT_EVERY`` write transactions a checkpoint starts in a
+    thread of its own, on a connection of its own (``PASSIVE``: it never waits for readers or
+    writers, and holds none up), while the calls go on: no commit waits for it.
 
 Secrets
     A submitted credential is kept in its own table until the invocation takes it, then
@@ -64,6 +69,8 @@ Errors
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import sqlite3
 import threading
@@ -105,12 +112,17 @@ from ._threads import Aborted
 
 __all__ = ["SQLiteStore"]
 
+logger = logging.getLogger("trio_agents.stores.sqlite")
+
 T = TypeVar("T")
 
 _BUSY_SLICE: Final = 0.005
 """Seconds between two tries of a worker-thread call at a lock held by another connection."""
 _INLINE_ROWS: Final = 256
 """A call that touches at most this many rows may run on the trio thread (module docstring)."""
+_INLINE_COMMIT_ROWS: Final = 8192
+"""A group commit that carries at most this many events may run on the trio thread (module
+docstring): the journal writer's commits are bounded below it."""
 _CHECKPOINT_EVERY: Final = 500
 """Write transactions between two WAL checkpoints (module docstring)."""
 _BUSY, _LOCKED, _CORRUPT, _NOTADB = 5, 6, 11, 26
@@ -196,6 +208,7 @@ class SQLiteStore(SQLBatches):
         )  # one at a time; renewals first
         self._closed = False
         self._writes = 0  # write transactions since the last checkpoint
+        self._checkpointing: trio.Event | None = None  # a checkpoint is running (its thread)
 
     def __repr__(self) -> str:
         return f"SQLiteStore({str(self.path)!r})"
@@ -278,12 +291,8 @@ class SQLiteStore(SQLBatches):
         fn: Callable[[_sql.Tx], T],
         write: bool,
         abort: threading.Event,
-        *,
-        checkpoint: bool = False,
     ) -> T:
         """One call in the worker thread: wait for the lock in slices, then run it."""
-        if checkpoint:
-            conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
         deadline = time.monotonic() + self._busy_timeout
         while True:
             try:
@@ -377,14 +386,13 @@ class SQLiteStore(SQLBatches):
         write: bool,
         urgent: bool = False,
         together: bool = False,
-        checkpoint: bool = False,
         may_bounce: bool = False,
     ) -> T:
         try:
             return await self._calls.run(
-                partial(self._transact, conn, fn, write, checkpoint=checkpoint),
+                partial(self._transact, conn, fn, write),
                 urgent=urgent,
-                group_item=(conn, fn) if together and not checkpoint else None,
+                group_item=(conn, fn) if together else None,
                 may_bounce=may_bounce,
             )
         except sqlite3.Error as exc:
@@ -397,14 +405,17 @@ class SQLiteStore(SQLBatches):
         write: bool,
         urgent: bool = False,
         rows: int = 1,
+        inline_rows: int = _INLINE_ROWS,
     ) -> T:
         """One call of the store: on the trio thread when nothing can make it wait, else in
         the worker thread (see the module docstring).  ``rows``: about how many rows it
-        touches (``ALL_ROWS``: no bound)."""
+        touches (``ALL_ROWS``: no bound); at most ``inline_rows`` may run on the trio thread."""
         conn = await self._opened()
+        if write and self._writes >= _CHECKPOINT_EVERY and self._checkpointing is None:
+            self._writes = 0
+            self._start_checkpoint()
         while True:
-            checkpoint = write and self._writes >= _CHECKPOINT_EVERY
-            here = rows <= _INLINE_ROWS and not checkpoint  # this call may run on this thread
+            here = rows <= inline_rows  # this call may run on this thread
             if here and self._calls.idle:
                 await trio.lowlevel.checkpoint_if_cancelled()
                 try:
@@ -417,22 +428,40 @@ class SQLiteStore(SQLBatches):
                     self._writes += write
                     await trio.lowlevel.cancel_shielded_checkpoint()
                     return result
-            if checkpoint:
-                self._writes = 0
             try:
                 result = await self._call(
-                    conn,
-                    fn,
-                    write=write,
-                    urgent=urgent,
-                    together=write,
-                    checkpoint=checkpoint,
-                    may_bounce=here,
+                    conn, fn, write=write, urgent=urgent, together=write, may_bounce=here
                 )
             except Bounced:
                 continue  # the worker thread is done: run it here after all
             self._writes += write
             return result
+
+    def _start_checkpoint(self) -> None:
+        """Checkpoint the WAL in a thread of its own, on a connection of its own, while calls
+        go on (``PASSIVE``: it copies what it can, waiting for no reader or writer and holding
+        up none).  :meth:`aclose` waits for it."""
+        done = self._checkpointing = trio.Event()
+        token = trio.lowlevel.current_trio_token()
+
+        def finish(result: outcome.Outcome[None]) -> None:
+            self._checkpointing = None
+            done.set()
+            if isinstance(result, outcome.Error):
+                logger.warning("a WAL checkpoint of %r failed: %r", self, result.error)
+
+        def deliver(result: outcome.Outcome[None]) -> None:
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(finish, result)
+
+        trio.lowlevel.start_thread_soon(self._checkpoint, deliver, name="trio_agents checkpoint")
+
+    def _checkpoint(self) -> None:
+        conn = sqlite3.connect(self.path, timeout=0, isolation_level=None)
+        try:
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        finally:
+            conn.close()
 
     def _translate(self, exc: sqlite3.Error) -> StoreError:
         where = f"the SQLite database {str(self.path)!r}"
@@ -467,6 +496,8 @@ class SQLiteStore(SQLBatches):
         with trio.CancelScope(shield=True):
             async with self._opening:
                 self._closed = True
+                if self._checkpointing is not None:
+                    await self._checkpointing.wait()
                 conn, self._conn = self._conn, None
                 if conn is not None:
                     await self._calls.run(lambda _abort: conn.close())
@@ -562,7 +593,8 @@ class SQLiteStore(SQLBatches):
             return await self._run(
                 partial(_sql_journal.commit, writes=list(writes)),
                 write=True,
-                rows=sum(len(write.events) + 1 for write in writes),
+                rows=sum(1 + len(write.events) + len(write.deltas) for write in writes),
+                inline_rows=_INLINE_COMMIT_ROWS,
             )
         except _sql_journal.Rejected as exc:  # one write, refused: rolled back, nothing written
             return [exc.error]
