@@ -289,6 +289,46 @@ async def test_renewals_in_any_order_never_deadlock_with_commits(
             assert a.reruns + b.reruns == 0
 
 
+async def test_a_decision_does_not_wait_for_a_renewal_round(
+    postgres_url: str, postgres_schema: str
+) -> None:
+    """A renewal round holds its rows until it commits (a round of 10,000 takes a while); a
+    person's decision on one of them, from another process, goes through meanwhile: the round
+    changes no owner, so it locks ``FOR NO KEY UPDATE``, which the decision's ``FOR KEY
+    SHARE`` does not wait for.  (Under ``FOR UPDATE`` the decision waited for the round.)"""
+    from trio_agents.stores import _sql
+
+    with trio.fail_after(20):
+        async with open_stores(postgres_url, postgres_schema, 2) as (a, b):
+            leases = await make_invocations(a, ["x", "y"])
+            holding, release = threading.Event(), threading.Event()
+            renewed: list[list[Lease | LeaseError]] = []
+
+            def round_held_open(tx: Tx) -> list[Lease | LeaseError]:
+                results = _sql.renew_leases(tx, list(leases.values()), 30.0)
+                holding.set()
+                release.wait(timeout=15)  # the round's transaction stays open until then
+                return results
+
+            async def renew() -> None:
+                renewed.append(await a._run(round_held_open))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(renew)
+                assert await trio.to_thread.run_sync(holding.wait, 10)
+                try:
+                    with trio.move_on_after(5) as waited:
+                        decided = await b.record_decision(
+                            ApprovalDecision(invocation_id="x", approval_id="g1", approved=True)
+                        )
+                finally:
+                    release.set()
+            assert not waited.cancelled_caught, "the decision waited for the renewal round"
+            assert decided
+            [results] = renewed
+            assert all(isinstance(r, Lease) for r in results)
+
+
 async def test_a_start_with_a_write_locks_the_invocation_before_the_session(
     postgres_url: str, postgres_schema: str
 ) -> None:

@@ -63,6 +63,7 @@ class Tx:
     """
 
     for_update = " FOR UPDATE"
+    for_no_key_update = " FOR NO KEY UPDATE"
     for_key_share = " FOR KEY SHARE"
     code_order = ' COLLATE "C"'
     modifying_with = True

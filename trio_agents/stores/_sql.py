@@ -11,8 +11,10 @@ The lock order
     Every transaction takes its row locks in one global order, so two transactions (of any
     processes) cannot wait for each other in a circle - a deadlock:
 
-    1. ``invocations`` rows, by id (``FOR UPDATE``; ``FOR KEY SHARE`` where a call only adds
-       decisions, as a foreign-key check would), sorted across the *whole call* - a call of
+    1. ``invocations`` rows, by id (``FOR UPDATE``; ``FOR NO KEY UPDATE`` for a lease
+       renewal, which changes no owner and so lets decisions through; ``FOR KEY SHARE`` where
+       a call only adds decisions, as a foreign-key check would), sorted across the *whole
+       call* - a call of
        many ids locks them in chunks of :data:`CHUNK` taken from one sorted list
        (:func:`lock_in_order`), never in the caller's order.  Ids sort by code point, the
        same in Python and in SQL (``COLLATE "C"``, see :attr:`Tx.code_order`), so chunk
@@ -266,16 +268,24 @@ def chunks(ids: Sequence[str]) -> list[tuple[list[str], str]]:
 
 
 def lock_in_order(
-    tx: Tx, table: str, columns: str, ids: Iterable[str], *, share: bool = False
+    tx: Tx,
+    table: str,
+    columns: str,
+    ids: Iterable[str],
+    *,
+    share: bool = False,
+    no_key: bool = False,
 ) -> list[tuple[Any, ...]]:
     """Lock the rows of ``table`` whose id is in ``ids``, in the one lock order (see the
     module docstring), and return their ``columns`` (an id with no row is not there).
 
-    ``FOR UPDATE``, or ``FOR KEY SHARE`` with ``share``.  The ids are sorted once, for the
-    whole call, then cut in chunks; each chunk's ``SELECT`` sorts the same way before it
-    locks (PostgreSQL's plan: ``LockRows`` above ``Sort``).  On SQLite a plain read.
+    ``FOR UPDATE``; ``FOR NO KEY UPDATE`` with ``no_key`` (for a change of no key that a
+    foreign-key check - a cancel request, a decision - need not wait for); ``FOR KEY SHARE``
+    with ``share``.  The ids are sorted once, for the whole call, then cut in chunks; each
+    chunk's ``SELECT`` sorts the same way before it locks (PostgreSQL's plan: ``LockRows``
+    above ``Sort``).  On SQLite a plain read.
     """
-    lock = tx.for_key_share if share else tx.for_update
+    lock = tx.for_key_share if share else tx.for_no_key_update if no_key else tx.for_update
     found: list[tuple[Any, ...]] = []
     for chunk, marks in chunks(sorted(set(ids))):
         found += tx.rows(
@@ -449,8 +459,14 @@ def renew_lease(tx: Tx, lease: Lease, ttl: float) -> Lease:
 def renew_leases(tx: Tx, leases: Sequence[Lease], ttl: float) -> list[Lease | LeaseError]:
     found = {
         row[0]: (row[1], int(row[2]))
+        # NO KEY UPDATE: a renewal changes no owner, so a cancel request or a decision for
+        # one of these rows (a foreign-key check, FOR KEY SHARE) does not wait for the round.
         for row in lock_in_order(
-            tx, "invocations", "id, owner, lease_epoch", (lease.invocation_id for lease in leases)
+            tx,
+            "invocations",
+            "id, owner, lease_epoch",
+            (lease.invocation_id for lease in leases),
+            no_key=True,
         )
     }
     expires_at = tx.now() + ttl

@@ -15,6 +15,11 @@ class Tx(Protocol):
     for_update: str
     """``" FOR UPDATE"`` where the database locks rows that way (PostgreSQL), else ``""``."""
 
+    for_no_key_update: str
+    """``" FOR NO KEY UPDATE"`` (PostgreSQL: the lock an ``UPDATE`` that changes no key takes;
+    unlike ``FOR UPDATE`` it lets a foreign-key check's ``FOR KEY SHARE`` through), else
+    ``""``."""
+
     for_key_share: str
     """``" FOR KEY SHARE"`` (PostgreSQL: what a foreign-key check takes on the row it points
     to), else ``""``."""

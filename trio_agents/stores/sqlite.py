@@ -137,6 +137,7 @@ class _Tx:
     """
 
     for_update = ""
+    for_no_key_update = ""
     for_key_share = ""
     code_order = ""  # BINARY: UTF-8 bytes, code point order
     modifying_with = False
