@@ -20,7 +20,7 @@ import os
 import random
 import threading
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import attrs
@@ -289,13 +289,11 @@ async def test_renewals_in_any_order_never_deadlock_with_commits(
             assert a.reruns + b.reruns == 0
 
 
-async def test_a_decision_does_not_wait_for_a_renewal_round(
-    postgres_url: str, postgres_schema: str
+async def during_a_held_round(
+    postgres_url: str, postgres_schema: str, call: Callable[[PostgresStore], Awaitable[bool]]
 ) -> None:
-    """A renewal round holds its rows until it commits (a round of 10,000 takes a while); a
-    person's decision on one of them, from another process, goes through meanwhile: the round
-    changes no owner, so it locks ``FOR NO KEY UPDATE``, which the decision's ``FOR KEY
-    SHARE`` does not wait for.  (Under ``FOR UPDATE`` the decision waited for the round.)"""
+    """Store ``a`` renews the leases of ``x`` and ``y`` in a transaction it keeps open; store
+    ``b`` (another process) makes ``call`` meanwhile, which must not wait for the round."""
     from trio_agents.stores import _sql
 
     with trio.fail_after(20):
@@ -318,15 +316,90 @@ async def test_a_decision_does_not_wait_for_a_renewal_round(
                 assert await trio.to_thread.run_sync(holding.wait, 10)
                 try:
                     with trio.move_on_after(5) as waited:
-                        decided = await b.record_decision(
-                            ApprovalDecision(invocation_id="x", approval_id="g1", approved=True)
-                        )
+                        done = await call(b)
                 finally:
                     release.set()
-            assert not waited.cancelled_caught, "the decision waited for the renewal round"
-            assert decided
+            assert not waited.cancelled_caught, "it waited for the renewal round"
+            assert done
             [results] = renewed
             assert all(isinstance(r, Lease) for r in results)
+
+
+async def test_a_decision_does_not_wait_for_a_renewal_round(
+    postgres_url: str, postgres_schema: str
+) -> None:
+    """A renewal round holds its rows until it commits (a round of 10,000 takes a while); a
+    person's decision on one of them, from another process, goes through meanwhile: the round
+    changes no owner, so it locks ``FOR NO KEY UPDATE``, which the decision's ``FOR KEY
+    SHARE`` does not wait for.  (Under ``FOR UPDATE`` the decision waited for the round.)"""
+    await during_a_held_round(
+        postgres_url,
+        postgres_schema,
+        lambda b: b.record_decision(
+            ApprovalDecision(invocation_id="x", approval_id="g1", approved=True)
+        ),
+    )
+
+
+async def test_a_cancel_request_does_not_wait_for_a_renewal_round(
+    postgres_url: str, postgres_schema: str
+) -> None:
+    """The same for a cancel request from another instance: it locks the row ``FOR KEY
+    SHARE`` (waiting for an ending or a takeover, not for a renewal) and merges into a stored
+    request in its own upsert.  (It locked ``FOR UPDATE`` and waited for the round: a
+    cross-instance cancel met a round now and then.)"""
+
+    async def two_requests(b: PostgresStore) -> bool:
+        first = await b.request_cancel(
+            CancelRequest(invocation_id="x", mode="after_turn", reason="first", grace=9.0)
+        )
+        second = await b.request_cancel(
+            CancelRequest(invocation_id="x", mode="immediate", reason="second", grace=2.0)
+        )
+        [merged] = await b.cancel_requests(["x"])
+        assert (merged.mode, merged.reason, merged.grace) == ("immediate", "first", 2.0)
+        return first and second
+
+    await during_a_held_round(postgres_url, postgres_schema, two_requests)
+
+
+async def test_cancel_requests_racing_from_two_processes_merge_as_one(
+    postgres_url: str, postgres_schema: str
+) -> None:
+    """Requests for one invocation from two stores at once (they no longer queue on the row
+    lock): the stored request is the merge of all of them whatever the order - the strongest
+    mode, the shortest grace, the reason of one that arrived first - on 20 random rounds."""
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    with trio.fail_after(60):
+        async with open_stores(postgres_url, postgres_schema, 2) as stores:
+            ids = [f"r{k}" for k in range(20)]
+            await make_invocations(stores[0], ids)
+            for invocation_id in ids:
+                asked = [
+                    CancelRequest(
+                        invocation_id=invocation_id,
+                        mode=rng.choice(["after_turn", "after_tools", "immediate"]),
+                        reason=f"reason {k}",
+                        grace=rng.choice([None, 1.0, 5.0]),
+                    )
+                    for k in range(4)
+                ]
+
+                async def ask(k: int, request: CancelRequest) -> None:
+                    assert await stores[k % 2].request_cancel(request)
+
+                async with trio.open_nursery() as nursery:
+                    for k, request in enumerate(asked):
+                        nursery.start_soon(ask, k, request)
+                [stored] = await stores[0].cancel_requests([invocation_id])
+                ranks = ["after_turn", "after_tools", "immediate"]
+                strongest = max((r.mode for r in asked), key=ranks.index)
+                graces = [r.grace for r in asked if r.grace is not None]
+                where = f"seed {seed}, {invocation_id}"
+                assert stored.mode == strongest, where
+                assert stored.grace == (min(graces) if graces else None), where
+                assert stored.reason in {r.reason for r in asked}, where
 
 
 async def test_a_start_with_a_write_locks_the_invocation_before_the_session(

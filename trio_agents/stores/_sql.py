@@ -75,7 +75,7 @@ from ._base import (
     Lease,
     Requests,
 )
-from ._records import check_orphan, lease_held, lease_taken, merge_cancel
+from ._records import check_orphan, lease_held, lease_taken
 from ._sql_sessions import claim_session
 from ._sql_tx import Tx as Tx
 
@@ -542,31 +542,42 @@ def append_change(
         )
 
 
+def _mode_rank(column: str) -> str:
+    """SQL ranking a cancel mode as :func:`~trio_agents.events.stronger_mode` does."""
+    whens = " ".join(f"WHEN '{mode}' THEN {rank}" for rank, mode in enumerate(CANCEL_MODES))
+    return f"(CASE {column} {whens} END)"
+
+
 def request_cancel(tx: Tx, request: CancelRequest) -> bool:
+    # FOR KEY SHARE: it waits for an ending or a takeover (FOR UPDATE) to commit, and then
+    # reads what they wrote, but not for the owner's renewal round (FOR NO KEY UPDATE), which
+    # changes neither status nor owner: a cancel does not wait behind a round of thousands.
+    # Two requests may then run at once: each merges into the stored one in its own upsert
+    # (the row it conflicts on is locked and read afresh), as merge_cancel would.
     rows = tx.rows(
-        f"SELECT status, owner FROM invocations WHERE id = ?{tx.for_update}",
+        f"SELECT status, owner FROM invocations WHERE id = ?{tx.for_key_share}",
         (request.invocation_id,),
     )
     if not rows or rows[0][0] != "running":
         return False
-    old = tx.rows(
-        f"SELECT {CANCEL_COLUMNS} FROM cancel_requests WHERE invocation_id = ?",
-        (request.invocation_id,),
-    )
     if not request.requested_at:
         request = attrs.evolve(request, requested_at=tx.now())
-    merged = merge_cancel(cancel_of(old[0]) if old else None, request)
     tx.run(
         f"INSERT INTO cancel_requests ({CANCEL_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)"
-        " ON CONFLICT (invocation_id) DO UPDATE SET mode = excluded.mode,"
-        " reason = excluded.reason, grace = excluded.grace",
+        " ON CONFLICT (invocation_id) DO UPDATE SET"
+        f" mode = CASE WHEN {_mode_rank('excluded.mode')} > {_mode_rank('cancel_requests.mode')}"
+        " THEN excluded.mode ELSE cancel_requests.mode END,"
+        " reason = COALESCE(cancel_requests.reason, excluded.reason),"
+        " grace = CASE WHEN cancel_requests.grace IS NULL THEN excluded.grace"
+        " WHEN excluded.grace IS NULL OR excluded.grace >= cancel_requests.grace"
+        " THEN cancel_requests.grace ELSE excluded.grace END",
         (
-            merged.invocation_id,
-            merged.mode,
-            merged.reason,
-            merged.requested_by,
-            merged.requested_at,
-            merged.grace,
+            request.invocation_id,
+            request.mode,
+            request.reason,
+            request.requested_by,
+            request.requested_at,
+            request.grace,
         ),
     )
     if rows[0][1] is not None:
