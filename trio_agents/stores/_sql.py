@@ -14,12 +14,10 @@ The lock order
     1. ``invocations`` rows, by id (``FOR UPDATE``; ``FOR NO KEY UPDATE`` for a lease
        renewal, which changes no owner and so lets decisions through; ``FOR KEY SHARE`` where
        a call only adds decisions or a cancel request, as a foreign-key check would), sorted
-       across the *whole
-       call* - a call of
-       many ids locks them in chunks of :data:`CHUNK` taken from one sorted list
-       (:func:`lock_in_order`), never in the caller's order.  Ids sort by code point, the
-       same in Python and in SQL (``COLLATE "C"``, see :attr:`Tx.code_order`), so chunk
-       boundaries cannot reorder them.
+       across the *whole call* - a call of many ids locks them in chunks of :data:`CHUNK`
+       taken from one sorted list (:func:`lock_in_order`), never in the caller's order.
+       Ids sort by code point, the same in Python and in SQL (``COLLATE "C"``, see
+       :attr:`Tx.code_order`), so chunk boundaries cannot reorder them.
     2. ``sessions`` rows, by id, the same way.
     3. Rows that belong to a locked invocation (``events``, ``event_batches``,
        ``cancel_requests``, ``approval_decisions``, ``gate_secrets``) or session
