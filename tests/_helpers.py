@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +112,29 @@ def check_loop_reading(events: list[Event], where: str) -> None:
         runs = [e for e in got if isinstance(e, InvocationStarted)]
         ends = [e for e in got if isinstance(e, InvocationEnded)]
         assert len(ends) <= len(runs), f"{where}: {len(ends)} endings of {len(runs)} runs"
+
+
+async def check_cursor_reading(
+    reader: Any,
+    session_id: str,
+    where: str,
+    pick: Callable[[int], Iterable[int]] = range,
+) -> list[Event]:
+    """Read a loop's events through ``reader`` (a runner) from the start, noting the cursor
+    after each; check that reading (:func:`check_loop_reading`), then read again from the
+    cursors ``pick(count)`` chooses (default: every one): each gives the same tail.  Returns
+    the events."""
+    everything: list[Event] = []
+    cursors: list[str] = []
+    stream = reader.loop_events(session_id)
+    async for event in stream:
+        everything.append(event)
+        cursors.append(stream.cursor)
+    check_loop_reading(everything, f"{where}, from the start")
+    for i in pick(len(cursors)):
+        rest = [e async for e in reader.loop_events(session_id, after=cursors[i])]
+        assert rest == everything[i + 1 :], f"{where}, from cursor {cursors[i]!r}"
+    return everything
 
 
 async def run_then_crash(

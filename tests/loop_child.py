@@ -24,7 +24,7 @@ from pathlib import Path
 import trio
 
 from trio_agents import Agent, Runner, tool
-from trio_agents.events import Event, TextDelta, ToolCallFinished
+from trio_agents.events import TextDelta, ToolCallFinished
 from trio_agents.messages import ModelRequest, ToolResultMessage, UserMessage
 from trio_agents.models import ScriptedModel, ScriptedTurn
 
@@ -55,20 +55,11 @@ def make_agent(effects: Path) -> Agent:
 
 
 async def read(url: str) -> None:
-    from tests._helpers import check_loop_reading
+    from tests._helpers import check_cursor_reading
 
     async with Runner(store=url, owner="child-read") as reader:
-        everything: list[Event] = []
-        cursors: list[str] = []
-        stream = reader.loop_events("s1")
-        async for event in stream:
-            everything.append(event)
-            cursors.append(stream.cursor)
-        check_loop_reading(everything, "a fresh process, from the start")
-        for i, cursor in enumerate(cursors):
-            rest = [e async for e in reader.loop_events("s1", after=cursor)]
-            assert rest == everything[i + 1 :], f"a fresh process, from cursor {cursor!r}"
-    print(f"read {len(everything)} events from {len(cursors)} cursors", flush=True)
+        everything = await check_cursor_reading(reader, "s1", "a fresh process")
+    print(f"read {len(everything)} events from {len(everything)} cursors", flush=True)
 
 
 async def main(mode: str, url: str, effects: Path) -> None:

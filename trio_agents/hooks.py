@@ -604,14 +604,11 @@ class InvocationHooks:
             await self._call(name, method, fn, args)
 
     async def _call_shielded(self, method: str, *args: Any) -> None:
-        found = self._methods.get(method, ())
-        if all(fn in self._nonblocking for _, fn in found):  # they cannot see a cancel
-            for name, fn in found:
-                await self._call(name, method, fn, args)
+        if all(fn in self._nonblocking for _, fn in self._methods.get(method, ())):
+            await self._call_all(method, *args)  # they cannot see a cancel: no scope
             return
         with trio.CancelScope(shield=True):
-            for name, fn in found:
-                await self._call(name, method, fn, args)
+            await self._call_all(method, *args)
 
     async def _call(self, name: str, method: str, fn: HookMethod, args: tuple[Any, ...]) -> None:
         if fn in self._nonblocking:  # it cannot block: no deadline scope (see the docstring)
