@@ -540,6 +540,33 @@ async def test_a_turn_loops_turns_have_the_senders_span_as_parent(
     assert otel.opened.still_open() == []
 
 
+async def test_a_message_answered_by_a_later_opening_keeps_its_senders_span(
+    otel: Telemetry, autojump_clock: trio.abc.Clock
+) -> None:
+    """A message sent under the span ``message`` and left pending when its loop stopped is
+    answered by the next opening (under the span ``reopened``): the turn that answers it is
+    still the sender's child, since the sender's trace context is journaled with it."""
+    tracer = otel.tracer_provider.get_tracer("test")
+    chat = Agent(
+        name="chat",
+        model=ScriptedModel([ScriptedTurn.text("slow answer", pieces=4, delay=1.0)], repeat=True),
+    )
+    async with Runner(hooks=[otel.hooks]) as runner:
+        async with runner.open_turn_loop(chat, session_id="s1") as loop:
+            await loop.send("first")
+            with tracer.start_as_current_span("message") as message:
+                await loop.send("second")
+            loop.stop(reason="closing the tab")
+        assert [m.text for m in loop.pending] == ["second"]
+        with tracer.start_as_current_span("reopened"):
+            async with runner.open_turn_loop(chat, session_id="s1") as loop:
+                await loop.idle()
+    turns = sorted(otel.named("invoke_agent chat"), key=lambda s: s.start_time or 0)
+    assert len(turns) == 2
+    assert parent_of(turns[1]) == message.get_span_context().span_id
+    assert otel.opened.still_open() == []
+
+
 class SlowRenewals:
     """A store whose lease renewals take ``wait`` seconds more."""
 

@@ -554,7 +554,10 @@ class LoopOpened:
 class MessageReceived:
     """A message sent to a turn loop, journaled before :meth:`TurnLoop.send` returned.
 
-    Its ``seq`` is the message's id in the loop.
+    Its ``seq`` is the message's id in the loop.  ``trace``: the W3C trace context of its
+    sender (the span current where it was sent, or the HTTP request that posted it), so the
+    turn that answers it is the sender's child also when a later opening of the loop, in any
+    process, answers it.  Empty when there was none (and in events stored before it existed).
     """
 
     kind: Literal["message_received"] = "message_received"
@@ -564,6 +567,7 @@ class MessageReceived:
     at: float
     text: str
     user_id: str | None = None
+    trace: Mapping[str, str] = attrs.field(factory=dict, hash=False)
 
 
 @attrs.frozen(kw_only=True)
@@ -682,7 +686,7 @@ def to_dict(event: Event) -> dict[str, Any]:
     data: dict[str, Any] = converter.unstructure(event)
     if not data["sub"]:
         del data["sub"]
-    if "trace" in data and not data["trace"]:  # a started event without trace context
+    if "trace" in data and not data["trace"]:  # an event stored without a trace context
         del data["trace"]
     data["v"] = WIRE_VERSION
     return data

@@ -179,8 +179,6 @@ class TurnLoop:
         self._env = env = host._turn_env()
         self.recorder = Recorder(self.id, writer=env.writer, head=(0, 0), log_limit=env.log_limit)
         self._pending: list[MessageReceived] = []
-        # message seq -> its sender's trace context (in memory: a later opening has none)
-        self._traces: dict[int, Mapping[str, str]] = {}
         self._joins: dict[int, bool] = {}  # message seq -> answered with the one before it
         self._undecided: list[MessageReceived] = []  # arrived while a turn was being started
         self._unfinished: list[LoopTurnStarted] = []  # turns an earlier opening left running
@@ -227,12 +225,10 @@ class TurnLoop:
         hooks = self._env.hooks  # the sender's trace context, asked in the sender's task
         trace = hooks.trace_context() if hooks is not None else incoming_trace.get()
         message = await self.recorder.record(
-            MessageReceived, text=text, user_id=user_id or self.user_id
+            MessageReceived, text=text, user_id=user_id or self.user_id, trace=dict(trace or {})
         )
         # Durable: from here on it is answered, by this opening of the loop or the next.
         self._pending.append(message)
-        if trace:
-            self._traces[message.seq] = trace
         if self._starting:
             self._undecided.append(message)
             self._joins[message.seq] = False
@@ -394,7 +390,7 @@ class TurnLoop:
         turn_id = uuid.uuid4().hex
         # The turn's caller is the sender of its last message that had a trace context (else
         # the loop's opener: the turn is started in the driver's task, a copy of its context).
-        trace = next((t for m in reversed(batch) if (t := self._traces.get(m.seq))), None)
+        trace = next((m.trace for m in reversed(batch) if m.trace), None)
         self._starting = True
         try:
             async with self.recorder.stored_by_caller(
@@ -427,7 +423,6 @@ class TurnLoop:
         self._pending = [m for m in self._pending if m.seq not in claimed]
         for seq in claimed:  # decided: a long conversation keeps no trace of them here
             self._joins.pop(seq, None)
-            self._traces.pop(seq, None)
         await self._follow(turn)
 
     async def _follow(self, turn: Invocation) -> None:
