@@ -749,10 +749,13 @@ function apply(entry, replaying) {
       }
       break;
     }
-    case "approval_requested":
+    case "approval_requested": {
       approvalCard(d);
+      const chip = turnBlock(d.path, d.turn).querySelector(`[data-call="${CSS.escape(d.call.id)}"]`);
+      if (chip) chip.querySelector(".tool-state").textContent = "waiting for approval";
       drawStatus();
       break;
+    }
     case "approval_decided":
       settleCard(d.approval_id, d.state, d.by ? `by ${d.by}` : "", d.arguments);
       drawStatus();
@@ -879,7 +882,7 @@ function approvalCard(d) {
       if (err instanceof Unreachable) linkLost(err);
     } finally { card.classList.remove("busy"); }
   };
-  const card = block(`approval:${d.approval_id}`, () => h("div", { class: "card approval open", dataset: { approvalId: d.approval_id } },
+  const card = block(`approval:${d.approval_id}`, () => h("div", { class: "card approval open", dataset: { approvalId: d.approval_id, call: d.call.id, path: d.path, turn: d.turn } },
     h("div", { class: "card-title" }, h("span", { class: "badge open", text: "approval" }), " ", h("b", { class: "mono", text: d.call.name }), d.description ? h("span", { class: "muted", text: ` — ${d.description}` }) : null),
     d.prompt ? h("p", { text: d.prompt }) : null,
     h("label", { class: "small-text muted edit-hint", text: "Arguments (edit before approving)" }),
@@ -910,6 +913,11 @@ async function syncApprovals() {
 function settleCard(gate, state, note, args) {
   const card = ui.blocks.get(`approval:${gate}`);
   if (!card) return;
+  if (state !== "approved") {
+    // Its tool call never ran: the chip says so (and why).
+    const chip = ui.blocks.get(`turn:${ui.cur.run}:${card.dataset.path}:${card.dataset.turn}`)?.querySelector(`[data-call="${CSS.escape(card.dataset.call)}"]`);
+    if (chip) chip.querySelector(".tool-state").textContent = `not run (${state})`;
+  }
   card.classList.remove("open");
   card.classList.add("settled");
   card.dataset.state = state;
