@@ -14,6 +14,7 @@ temporary directory for the run (``pytest --basetemp=DIR`` to choose it).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -269,6 +270,14 @@ def test_a_reopened_session_looks_as_it_did_live(served: Served, pages: Pages, s
     expect(page.locator(".outcome")).to_have_count(4)
     statuses = page.locator(".outcome").evaluate_all("os => os.map(o => o.dataset.status)")
     assert statuses == ["completed", "completed", "cancelled", "cancelled"]
+    # Tokens as the model server reported them; none for the answer cut off mid-stream.
+    expect(page.locator(".outcome").first.locator(".tokens")).to_have_text(
+        re.compile(r"^[1-9]\d* in · [1-9]\d* out tokens$")
+    )
+    expect(page.locator(".outcome").last.locator(".tokens")).to_have_count(0)
+    expect(page.locator(".tool", has_text="deploy").last.locator(".tool-state")).to_have_text(
+        "not run (cancelled)"
+    )
     tool = page.locator(".tool", has_text="lookup")
     expect(tool.locator(".tool-state")).to_have_text("done")
     expect(tool.locator(".result")).to_have_text("sunny in Paris")

@@ -981,7 +981,8 @@ function drawStatus() {
   if (!inv || inv.ended) return;
   if (ui.sending) return setStatus("stopping", "interrupting…");
   if (inv.stopping) return setStatus("stopping", `stopping ${MODE_TEXT[inv.stopping]}`);
-  if (document.querySelector(".messages .approval.open")) return setStatus("waiting", "waiting for approval");
+  const gates = [...ui.blocks].filter(([key, el]) => key.startsWith("approval:") && el.classList.contains("open"));
+  if (gates.length) return setStatus("waiting", "waiting for approval");
   setStatus("running");
 }
 
