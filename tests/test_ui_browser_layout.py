@@ -25,6 +25,7 @@ from playwright.sync_api import Browser, BrowserContext, Page, expect
 from .test_ui_browser import (
     WAIT_MS,
     Served,
+    _last_user_text,
     answer,
     assert_each_event_once,
     browser,
@@ -200,6 +201,7 @@ def test_stop_after_the_turn_can_be_made_immediate(served: Served, pages: Pages)
     expect(page.locator("#chat-status")).to_have_text("running")
     [second] = served.requests_about("stopped at once")
     page.click("#stop")
+    expect(page.locator(".outcome")).to_have_count(2)
     expect(page.locator(".outcome").last).to_have_attribute("data-status", "cancelled")
     wait_disconnected(served, second)
 
@@ -240,11 +242,13 @@ def test_a_reopened_session_looks_as_it_did_live(served: Served, pages: Pages, s
     card = live.locator(".approval.open")
     expect(live.locator("#chat-status")).to_have_text("waiting for approval")
     card.locator(".approve").click()
+    expect(live.locator(".outcome")).to_have_count(2)
     expect(live.locator(".outcome").last).to_have_attribute("data-status", "completed")
     send(live, "deploy cache")
     expect(live.locator(".approval.open")).to_have_count(1)
     expect(live.locator("#chat-status")).to_have_text("waiting for approval")
     live.click("#stop")
+    expect(live.locator(".outcome")).to_have_count(3)
     expect(live.locator(".outcome").last).to_have_attribute("data-status", "cancelled")
     cancelled = live.locator(".approval").last
     expect(cancelled).to_have_attribute("data-state", "cancelled")
@@ -314,9 +318,17 @@ def test_a_reopened_session_looks_as_it_did_live(served: Served, pages: Pages, s
     page.locator(".outcome .resume").click()
     expect(page.locator("#chat-status")).to_have_text("running")
     expect(page.locator('#events .row[data-kind="started"]')).to_have_count(2)
-    resumed = [r for r in served.requests_about("then a story") if r is not story]
-    assert resumed
+    served.call(
+        lambda: served.fake.wait_until(
+            lambda: (
+                sum("then a story" in _last_user_text(r.json) for r in served.fake.requests) == 2
+            )
+        )
+    )
+    [resumed] = [r for r in served.requests_about("then a story") if r is not story]
     assert_on_screen(page, "#stop")
     page.click("#stop")
+    expect(page.locator(".outcome")).to_have_count(5)
     expect(page.locator(".outcome").last).to_have_attribute("data-status", "cancelled")
+    wait_disconnected(served, resumed)
     assert_each_event_once(row_ids(page))
