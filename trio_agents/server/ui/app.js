@@ -537,9 +537,11 @@ async function openSession(id) {
   const ids = new Set(listed.invocations.map((i) => i.invocation_id));
   renderHistory(session.events.filter((e) => !ids.has(e.invocationId)));
   let last = null;
+  const newest = listed.invocations[listed.invocations.length - 1];
   for (const info of listed.invocations) {
     let inv;
-    if (saved && saved.app === ui.app && saved.session === id && saved.id === info.invocation_id && !saved.ended) {
+    // The snapshot only for the newest (an older one ended since: the store has it all).
+    if (info === newest && saved && saved.app === ui.app && saved.session === id && saved.id === info.invocation_id && !saved.ended) {
       inv = saved;
     } else {
       inv = newInvocation(info.invocation_id);
