@@ -17,11 +17,12 @@
 The path's user must be the token's user, else 404 exactly like a missing session.  The
 store's id of a session is ``app/user/session``; answers carry the client's own ``id``.
 A session answer is ADK's ``Session`` (``id``, ``appName``, ``userId``, ``state``,
-``events``, ``lastUpdateTime``) plus ``lastSeq``; each event is one stored entry: ADK's
-``id``, ``author``, ``invocationId``, ``timestamp``, ``content`` (text parts; ``null`` for
-a tool-results entry) and ``actions.stateDelta``, with our ``seq``, ``message`` (the full
-message), ``status``, ``interrupted``, ``reason`` and ``exchange`` (an answer's tool calls,
-each followed by its results: what the next turn's model sees before the answer).
+``events``, ``lastUpdateTime``) plus ``lastSeq``, ``createdTime`` and ``title``; each event
+is one stored entry: ADK's ``id``, ``author``, ``invocationId``, ``timestamp``, ``content``
+(text parts; ``null`` for a tool-results entry) and ``actions.stateDelta``, with our
+``seq``, ``message`` (the full message), ``status``, ``interrupted``, ``reason`` and
+``exchange`` (an answer's tool calls, each followed by its results: what the next turn's
+model sees before the answer).
 """
 
 from __future__ import annotations
