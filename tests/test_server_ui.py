@@ -182,3 +182,81 @@ async def test_under_a_prefix_the_page_and_its_api_calls_work() -> None:
                 )
                 assert events.headers["content-type"].startswith("text/event-stream")
                 assert events.text.count("event: ended") == 1
+
+
+async def test_a_sessions_invocations_come_with_their_stored_events() -> None:
+    """``GET .../sessions/{id}/invocations``: every invocation of the session, oldest first,
+    with its stored events as the frames the event stream sends (a turn's deltas merged into
+    one frame with the last one's id); a turn loop's own record is left out.  The session
+    list gives each session its first message as its title."""
+
+    @ta.tool
+    async def lookup(city: str) -> str:
+        """The weather."""
+        return f"sunny in {city}"
+
+    model = ScriptedModel(
+        [
+            ScriptedTurn.call("lookup", '{"city": "Paris"}'),
+            ScriptedTurn.text("sunny all day", pieces=3),
+            ScriptedTurn.text("w " * 200, pieces=200, delay=0.02),
+            ScriptedTurn.text("ok"),
+        ]
+    )
+    helper = ta.Agent(name="helper", model=model, tools=[lookup])
+    key = "helper/alice/s1"
+    with trio.fail_after(30):
+        async with (
+            ta.Runner() as runner,
+            open_server([helper], runner=runner) as url,
+            open_client(url) as client,
+        ):
+            sessions = "/apps/helper/users/alice/sessions"
+            assert (await client.post(f"{sessions}/s1", json={})).status_code == 201
+            assert (await client.post(f"{sessions}/empty", json={})).status_code == 201
+            first = await runner.run(
+                helper, "weather\n in   Paris?", user_id="alice", session_id=key
+            )
+            assert first.status == "completed"
+            second = await runner.start(helper, "a long one", user_id="alice", session_id=key)
+            async for event in second.events():
+                if event.kind == "text_delta" and event.sub >= 3:
+                    break
+            second.cancel(reason="enough")
+            assert (await second.wait()).status == "cancelled"
+            async with runner.open_turn_loop(helper, session_id=key, user_id="alice") as loop:
+                await loop.send("and now?")
+            listed = (await client.get(f"{sessions}/s1/invocations")).json()
+            titles = {s["id"]: s["title"] for s in (await client.get(sessions)).json()}
+            missing = await client.get(f"{sessions}/nope/invocations")
+            other = await client.get("/apps/helper/users/bob/sessions/s1/invocations")
+    assert titles == {"s1": "weather in Paris?", "empty": ""}
+    assert missing.status_code == 404
+    assert other.status_code == 404
+    assert listed["session_id"] == "s1"
+    invs = listed["invocations"]
+    assert [i["input"] for i in invs] == ["weather\n in   Paris?", "a long one", "and now?"]
+    assert [i["status"] for i in invs] == ["completed", "cancelled", "completed"]
+    assert not any(i["invocation_id"].startswith("loop:") for i in invs)
+    frames = invs[0]["frames"]
+    kinds = [f["event"] for f in frames]
+    assert kinds[0] == "started"
+    assert kinds[-1] == "ended"
+    assert "tool_call_started" in kinds
+    assert "tool_call_finished" in kinds
+    [delta] = [f for f in frames if f["event"] == "text_delta"]
+    assert delta["data"]["text"] == "sunny all day"
+    assert delta["id"] == f"{delta['data']['seq']}.{delta['data']['sub']}"
+    assert delta["data"]["sub"] == 3  # three pieces, one frame with the last one's id
+    ids = [f["id"] for f in frames]
+    assert len(set(ids)) == len(ids)
+    # The cancelled answer: its partial text, merged, and its ending with who and why.
+    cut = invs[1]["frames"]
+    streamed = "".join(f["data"]["text"] for f in cut if f["event"] == "text_delta")
+    assert streamed.startswith("w w w ")
+    assert "cancel_requested" in [f["event"] for f in cut]
+    assert len([f for f in cut if f["event"] == "text_delta"]) == 1
+    assert cut[-1]["event"] == "ended"
+    assert cut[-1]["data"]["status"] == "cancelled"
+    assert cut[-1]["data"]["reason"] == "enough"
+    assert invs[1]["last_event_id"] == cut[-1]["id"]

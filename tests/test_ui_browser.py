@@ -351,10 +351,13 @@ def test_approve_with_edited_arguments_and_deny(served: Served, page: Page) -> N
     expect(page.locator('#events .row[data-kind="approval_decided"]')).to_contain_text("denied")
     assert served.deployed == ["web"]
     shot(page, "07-denied")
-    # Reloaded: the earlier invocation comes back as the session's history.
+    # Reloaded: both invocations come back from the store as they were drawn live.
     page.reload()
-    expect(page.locator(".bubble.assistant .text").first).to_have_text("Result: web deployed")
-    expect(page.locator(".approval")).to_have_attribute("data-state", "denied")
+    expect(
+        page.locator(".bubble.assistant .text").filter(has_text="Result: web deployed")
+    ).to_have_count(1)
+    expect(page.locator(".approval").first).to_have_attribute("data-state", "approved")
+    expect(page.locator(".approval").last).to_have_attribute("data-state", "denied")
     shot(page, "07b-history")
 
 

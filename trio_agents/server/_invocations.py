@@ -61,9 +61,13 @@ from ..events import (
     EventId,
     InvocationEnded,
     InvocationStarted,
+    ReasoningDelta,
     ResultRequested,
+    TextDelta,
     check_cancel_mode,
+    event_id,
     parse_event_id,
+    to_dict,
 )
 from ..runner import Runner
 from ..stores import InvocationRecord, Store
@@ -80,7 +84,13 @@ from ._follow import (
 from ._ids import path_id
 from ._runs import events_json, sse_response
 
-__all__ = ["cancel_and_answer", "client_session_id", "invocation_routes"]
+__all__ = [
+    "cancel_and_answer",
+    "client_session_id",
+    "invocation_json",
+    "invocation_routes",
+    "stored_frames",
+]
 
 
 def _state(request: Request) -> ServerState:
@@ -117,19 +127,54 @@ def _head_id(record: InvocationRecord) -> str:
     return f"{seq}.{sub}" if sub else str(seq)
 
 
+def invocation_json(record: InvocationRecord) -> dict[str, Any]:
+    """What the store's record says of an invocation (its outcome and owner left out)."""
+    return {
+        "invocation_id": record.id,
+        "app_name": record.agent,
+        "user_id": record.user_id,
+        "session_id": client_session_id(record),
+        "status": record.status,
+        "input": record.input,
+        "created_at": record.created_at,
+        "updated_at": record.updated_at,
+        "last_event_id": _head_id(record),
+    }
+
+
+def stored_frames(events: list[Event]) -> list[dict[str, Any]]:
+    """``events`` (all of one invocation, in id order) as the SSE frames that
+    ``GET /invocations/{id}/events`` sends from the start (``{"id", "event", "data"}``; see
+    :mod:`._follow`), with the text (and reasoning) deltas of one turn merged into one
+    frame that carries the last one's id: the same text, in one piece.  The last ending is
+    ``ended``, an earlier run's ``run_ended``."""
+    endings = [i for i, e in enumerate(events) if isinstance(e, InvocationEnded)]
+    frames: list[dict[str, Any]] = []
+    last: Event | None = None  # the event of the last frame
+    for i, event in enumerate(events):
+        data = to_dict(event)
+        if (
+            isinstance(event, (TextDelta, ReasoningDelta))
+            and isinstance(last, (TextDelta, ReasoningDelta))
+            and (last.kind, last.path, last.turn) == (event.kind, event.path, event.turn)
+        ):
+            frames[-1]["data"]["text"] += event.text
+            frames[-1]["data"]["sub"] = event.sub
+            frames[-1]["id"] = event_id(event)
+            continue
+        last = event
+        name: str = event.kind
+        if isinstance(event, InvocationEnded) and i != endings[-1]:
+            name = "run_ended"
+        frames.append({"id": event_id(event), "event": name, "data": data})
+    return frames
+
+
 async def get_invocation(request: Request) -> JSONResponse:
     state, _, record = await _record(request)
     return JSONResponse(
         {
-            "invocation_id": record.id,
-            "app_name": record.agent,
-            "user_id": record.user_id,
-            "session_id": client_session_id(record),
-            "status": record.status,
-            "input": record.input,
-            "created_at": record.created_at,
-            "updated_at": record.updated_at,
-            "last_event_id": _head_id(record),
+            **invocation_json(record),
             "outcome": await stored_outcome(state.runner.store, record),
             "owner": record.owner,
             # Running while its owner's lease lapsed: its process died; a recovering instance

@@ -180,6 +180,8 @@ def schemas(apps: list[str]) -> dict[str, Any]:
             "events": {"type": "array", "items": OBJ},
             "lastUpdateTime": {"type": "number"},
             "lastSeq": {"type": "integer"},
+            "createdTime": {"type": "number"},
+            "title": {"type": "string"},
         },
     }
     return {
@@ -361,6 +363,27 @@ def document(apps: list[str]) -> dict[str, Any]:
                 {"204": {"description": "deleted"}, **errors(400, 404, 409)},
                 params=ssp,
             ),
+        },
+        base + "/{session}/invocations": {
+            "get": op(
+                "The session's invocations (the newest 100, oldest first), each with its "
+                "stored events as SSE frames (a turn's text deltas merged into one)",
+                {
+                    "200": json_body(
+                        {
+                            "type": "object",
+                            "required": ["session_id", "invocations"],
+                            "properties": {
+                                "session_id": {"type": "string"},
+                                "invocations": {"type": "array", "items": OBJ},
+                            },
+                        },
+                        "the invocations",
+                    ),
+                    **errors(400, 404),
+                },
+                params=ssp,
+            )
         },
         base + "/{session}:cancel": {
             "post": op(

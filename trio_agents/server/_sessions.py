@@ -2,8 +2,14 @@
 
 * ``POST .../sessions`` creates a session with a generated id; ``POST .../sessions/{id}``
   with that id (409 ``session_exists`` if it exists).  Optional body ``{"state": {...}}``.
-* ``GET .../sessions`` lists the user's sessions of the app (without their events);
-  ``GET .../sessions/{id}`` answers one with its entries as ``events``.
+* ``GET .../sessions`` lists the user's sessions of the app (without their events, each
+  with a ``title``: the text of its first message, cut at 120 characters, ``""`` for a
+  session with none); ``GET .../sessions/{id}`` answers one with its entries as ``events``.
+* ``GET .../sessions/{id}/invocations`` answers the session's invocations (the newest
+  ``MAX_LISTED``, oldest first), each with its stored events as the SSE frames
+  ``GET /invocations/{id}/events`` would send from the start (a turn's text deltas merged
+  into one frame: :func:`._invocations.stored_frames`): what a client needs to draw a
+  reopened session exactly as it drew it live (tool calls, approvals, endings).
 * ``DELETE .../sessions/{id}``: 204; 409 ``session_busy`` while an invocation runs on it.
 * ``POST .../sessions/{id}:cancel`` cancels the session's running (else paused)
   invocation, like ``POST /invocations/{id}:cancel``; 409 ``not_running`` if it has none.
@@ -11,11 +17,12 @@
 The path's user must be the token's user, else 404 exactly like a missing session.  The
 store's id of a session is ``app/user/session``; answers carry the client's own ``id``.
 A session answer is ADK's ``Session`` (``id``, ``appName``, ``userId``, ``state``,
-``events``, ``lastUpdateTime``) plus ``lastSeq``; each event is one stored entry: ADK's
-``id``, ``author``, ``invocationId``, ``timestamp``, ``content`` (text parts; ``null`` for
-a tool-results entry) and ``actions.stateDelta``, with our ``seq``, ``message`` (the full
-message), ``status``, ``interrupted``, ``reason`` and ``exchange`` (an answer's tool calls,
-each followed by its results: what the next turn's model sees before the answer).
+``events``, ``lastUpdateTime``) plus ``lastSeq``, ``createdTime`` and ``title``; each event
+is one stored entry: ADK's ``id``, ``author``, ``invocationId``, ``timestamp``, ``content``
+(text parts; ``null`` for a tool-results entry) and ``actions.stateDelta``, with our
+``seq``, ``message`` (the full message), ``status``, ``interrupted``, ``reason`` and
+``exchange`` (an answer's tool calls, each followed by its results: what the next turn's
+model sees before the answer).
 """
 
 from __future__ import annotations
@@ -30,15 +37,22 @@ from starlette.routing import BaseRoute, Route
 from .._exceptions import SessionNotFound, UsageError
 from ..events import encode_message
 from ..messages import AssistantMessage, UserMessage
-from ..stores import Session
+from ..stores import Session, Store
 from ..stores._base import InvocationStatus, SessionEntry
+from ..turnloop import LOOP_PREFIX
 from ._app import ServerState, session_key
 from ._errors import ApiError
 from ._fields import get_object
 from ._ids import path_id
-from ._invocations import cancel_and_answer
+from ._invocations import cancel_and_answer, invocation_json, stored_frames
 
 __all__ = ["session_routes"]
+
+TITLE_CHARS = 120
+"""A session's title is the text of its first message, cut to this many characters."""
+
+MAX_LISTED = 100
+"""``GET .../sessions/{id}/invocations`` answers at most this many (the newest)."""
 
 
 def _content(entry: SessionEntry) -> dict[str, Any] | None:
@@ -73,7 +87,26 @@ def entry_json(entry: SessionEntry) -> dict[str, Any]:
     }
 
 
-def session_json(app: str, user: str, session: Session, *, events: bool) -> dict[str, Any]:
+def title_of(entries: tuple[SessionEntry, ...]) -> str:
+    """The text of the first user message among ``entries``, on one line, cut to
+    ``TITLE_CHARS``; ``""`` if there is none."""
+    for entry in entries:
+        if isinstance(entry.message, UserMessage):
+            text = " ".join(entry.message.text.split())
+            return text if len(text) <= TITLE_CHARS else text[: TITLE_CHARS - 1] + "…"
+    return ""
+
+
+async def _title(store: Store, session: Session) -> str:
+    if not session.last_seq:
+        return ""
+    # The first message opens the session; a few entries cover one that starts otherwise.
+    return title_of((await store.get_session(session.id, limit=4)).entries)
+
+
+def session_json(
+    app: str, user: str, session: Session, *, events: bool, title: str | None = None
+) -> dict[str, Any]:
     prefix = f"{app}/{user}/"
     return {
         "id": session.id.removeprefix(prefix),
@@ -83,6 +116,8 @@ def session_json(app: str, user: str, session: Session, *, events: bool) -> dict
         "events": [entry_json(e) for e in session.entries] if events else [],
         "lastUpdateTime": session.updated_at,
         "lastSeq": session.last_seq,
+        "createdTime": session.created_at,
+        "title": title_of(session.entries) if title is None else title,
     }
 
 
@@ -128,7 +163,10 @@ async def list_sessions(request: Request) -> JSONResponse:
     found = await state.runner.store.list_sessions(
         user_id=user, prefix=session_key(app, user, ""), limit=1000
     )
-    return JSONResponse([session_json(app, user, s, events=False) for s in found])
+    store = state.runner.store
+    return JSONResponse(
+        [session_json(app, user, s, events=False, title=await _title(store, s)) for s in found]
+    )
 
 
 async def _session(request: Request) -> tuple[ServerState, str, str, str, Session]:
@@ -144,6 +182,22 @@ async def _session(request: Request) -> tuple[ServerState, str, str, str, Sessio
 async def get_session(request: Request) -> JSONResponse:
     _, app, user, _, found = await _session(request)
     return JSONResponse(session_json(app, user, found, events=True))
+
+
+async def session_invocations(request: Request) -> JSONResponse:
+    state, _, _, session, found = await _session(request)
+    store = state.runner.store
+    records = await store.list_invocations(session_id=found.id, limit=MAX_LISTED + 1)
+    # A turn loop's own record ("loop:<session>") is no answer: its turns are listed.
+    records = [r for r in records if not r.id.startswith(LOOP_PREFIX)][:MAX_LISTED]
+    listed = [
+        {
+            **invocation_json(record),
+            "frames": stored_frames(await store.read_events(record.id)),
+        }
+        for record in reversed(records)
+    ]
+    return JSONResponse({"session_id": session, "invocations": listed})
 
 
 async def _running(state: ServerState, key: str, status: InvocationStatus) -> list[str]:
@@ -179,6 +233,7 @@ def session_routes() -> list[BaseRoute]:
     # The ':cancel' route first: "{session}" alone would match "s1:cancel" too.
     return [
         Route(base + "/{session}:cancel", cancel_session, methods=["POST"]),
+        Route(base + "/{session}/invocations", session_invocations, methods=["GET"]),
         Route(base, create_session, methods=["POST"]),
         Route(base, list_sessions, methods=["GET"]),
         Route(base + "/{session}", create_session, methods=["POST"]),

@@ -1,9 +1,21 @@
 // The trio_agents dev UI: a page that drives the server through its public HTTP API only.
 //
 // Routes it uses: GET /list-apps; GET/POST /apps/{app}/users/{user}/sessions[/{id}];
+// GET .../sessions/{id}/invocations (a session's invocations with their stored events);
 // POST /run_sse (start and stream); GET /invocations/{id}/events (reattach, Last-Event-ID);
 // GET /invocations/{id}; POST /invocations/{id}:cancel and :resume;
 // GET/POST /invocations/{id}/approvals[/{approval_id}].
+//
+// Live or reopened, a session looks the same: every invocation is drawn from its events by
+// one function (apply), from the stream while it runs and from the store's frames when the
+// session is opened (in another tab, another browser, after a reload), so tool calls,
+// approvals, endings, Resume and each invocation's timeline come back as they were.
+//
+// Stop is escalable: "after the turn" (or "after the tools") leaves Stop enabled as "Stop
+// now", which asks again with "immediately" (cancel modes only strengthen).  The choice is
+// the run's: the next answer starts at "immediately" again.  The message box stays usable
+// while an answer runs: sending then preempts it (cancel, reason "preempted by a new
+// message", as the chat and a live session do), and the new message follows at once.
 //
 // The invocation being shown ("current") is kept in sessionStorage as one snapshot: its log
 // of events (text deltas merged per turn) and the id of the last event seen.  After a reload
@@ -34,7 +46,13 @@ const ui = {
   connects: 0, // connect() calls, so that only the last one draws
   loads: 0, // loadSessions() calls, likewise
   blocks: new Map(), // chat blocks of the current invocation, by key
+  sessions: new Map(), // the sessions listed, by id
+  shown: null, // the invocation whose events the timeline shows
+  stopFor: null, // the invocation the stop controls were last set up for
+  sending: false, // a message on its way (preempting, then starting)
 };
+const PREEMPTED = "preempted by a new message";
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
 // ---- small helpers ----------------------------------------------------------------------
 
@@ -377,6 +395,7 @@ function drawLink() {
 
 function drawMode() {
   const pill = $("mode");
+  document.body.classList.toggle("connected", Boolean(ui.mode));
   if (link.down) {
     pill.textContent = "reconnecting";
     pill.className = "pill off";
@@ -399,6 +418,7 @@ async function connect() {
     if (gen !== ui.connects) return; // connected again meanwhile
     ui.apps = apps;
     ui.mode = token() ? "token" : "dev";
+    document.body.classList.remove("show-auth");
   } catch (err) {
     if (gen !== ui.connects) return;
     ui.apps = [];
@@ -431,12 +451,16 @@ async function loadSessions(select) {
   } catch (err) { sayError(err); }
   if (gen !== ui.loads) return; // another app (or user) was picked meanwhile
   sessions.sort((a, b) => b.lastUpdateTime - a.lastUpdateTime);
+  ui.sessions = new Map(sessions.map((s) => [s.id, s]));
   list.replaceChildren(...sessions.map((s) => h("li", null,
     h("button", {
       class: "session" + (s.id === select ? " active" : ""),
       dataset: { session: s.id },
-      onclick: () => openSession(s.id),
-    }, h("span", { class: "session-id", text: s.id }), h("span", { class: "muted small-text", text: ago(s.lastUpdateTime) })),
+      title: s.id,
+      onclick: () => { closeDrawers(); openSession(s.id); },
+    },
+    h("span", { class: "session-title" + (s.title ? "" : " untitled"), text: s.title || "New session" }),
+    h("span", { class: "muted small-text session-time", title: new Date(s.lastUpdateTime * 1000).toLocaleString(), text: ago(s.lastUpdateTime) })),
   )));
   if (!sessions.length) list.append(h("li", { class: "muted empty-note", text: "No sessions yet." }));
   if (select && sessions.some((s) => s.id === select)) await openSession(select);
@@ -444,6 +468,7 @@ async function loadSessions(select) {
 }
 
 async function newSession() {
+  closeDrawers();
   try {
     const s = await api("POST", sessionsPath(), {});
     await loadSessions(s.id);
@@ -462,41 +487,78 @@ function showSession(id) {
   ui.cur = null;
   ui.blocks.clear();
   markActive();
-  $("chat-title").textContent = id ? `Session ${id}` : ui.app ? "No session yet" : "Not connected";
+  drawTitle();
   setStatus("");
+  ui.shown = null;
   $("events").replaceChildren();
+  countEvents();
   $("inv-id").textContent = "";
   renderEmpty();
   setRunning(false);
 }
 
-// Open a session: its history, then the current invocation (one this tab was following, or
-// one still running or paused) drawn and followed.
+// A session's first message is its title: shown as soon as it is sent.
+function titleIfNone(id, text) {
+  const s = ui.sessions.get(id);
+  if (!s || s.title) return;
+  s.title = text.split(/\s+/).join(" ").trim();
+  const t = document.querySelector(`.session[data-session="${CSS.escape(id)}"] .session-title`);
+  if (t) {
+    t.textContent = s.title;
+    t.classList.remove("untitled");
+  }
+  drawTitle();
+}
+
+function drawTitle() {
+  const s = ui.session ? ui.sessions.get(ui.session) : null;
+  const title = $("chat-title");
+  title.textContent = ui.session ? (s && s.title) || "New session" : ui.app ? "No session yet" : "Not connected";
+  title.title = ui.session ? `session ${ui.session}` : "";
+}
+
+// Open a session: each of its invocations drawn from its stored events (as it was drawn
+// live), the last one followed on if it still runs.  An invocation this tab was following
+// (kept in sessionStorage) is drawn from that snapshot instead, so a reload mid-answer
+// follows on from the very event it had seen.  Entries of invocations the server no longer
+// lists (the oldest of a long session) are drawn from the session's messages first.
 async function openSession(id) {
   showSession(id);
+  let listed;
   let session;
   try {
-    session = await read(`${sessionsPath()}/${enc(id)}`);
+    [listed, session] = await Promise.all([
+      read(`${sessionsPath()}/${enc(id)}/invocations`),
+      read(`${sessionsPath()}/${enc(id)}`),
+    ]);
   } catch (err) { return ui.session === id && sayError(err); }
   if (ui.session !== id) return;
   const saved = restore();
-  let current = saved && saved.app === ui.app && saved.session === id ? saved : null;
-  const last = session.events.length ? session.events[session.events.length - 1].invocationId : null;
-  if (!current && last) {
-    try {
-      const info = await read(invPath(last));
-      if (!FINAL.has(info.status)) current = newInvocation(last);
-    } catch { /* not ours, or gone: just the history */ }
-    if (ui.session !== id) return;
+  const ids = new Set(listed.invocations.map((i) => i.invocation_id));
+  renderHistory(session.events.filter((e) => !ids.has(e.invocationId)));
+  let last = null;
+  const newest = listed.invocations[listed.invocations.length - 1];
+  for (const info of listed.invocations) {
+    let inv;
+    // The snapshot only for the newest (an older one ended since: the store has it all).
+    if (info === newest && saved && saved.app === ui.app && saved.session === id && saved.id === info.invocation_id && !saved.ended) {
+      inv = saved;
+    } else {
+      inv = newInvocation(info.invocation_id);
+      inv.following = false;
+      for (const frame of info.frames) record(inv, frame);
+    }
+    begin(inv);
+    for (const entry of inv.log) apply(entry, true);
+    last = { inv, info };
   }
-  renderHistory(session.events.filter((e) => !current || e.invocationId !== current.id));
-  if (current) {
-    ui.cur = current;
-    for (const entry of current.log) apply(entry, true);
-    // A paused one is not followed: its stream would end at once, with no new ending.
-    if (!current.ended || current.following) follow();
-    else setRunning(false);
-  }
+  if (!last) return;
+  save();
+  $("messages").scrollTop = $("messages").scrollHeight; // opened at its newest answer
+  const { inv, info } = last;
+  // A paused one is not followed: its stream would end at once, with no new ending.
+  if ((!inv.ended && !FINAL.has(info.status) && info.status !== "paused") || inv.following) follow();
+  else setRunning(false);
 }
 
 // ---- the conversation ----------------------------------------------------------------------
@@ -511,10 +573,11 @@ function renderEmpty() {
   box.replaceChildren(h("div", { class: "empty" }, h("div", { class: "empty-title", text: hint[0] }), h("p", { text: hint[1] })));
 }
 
+// A session's messages, for the invocations whose events are not listed.
 function renderHistory(entries) {
   const box = $("messages");
-  box.replaceChildren();
-  if (!entries.length) return renderEmpty();
+  if (!entries.length) return;
+  box.querySelector(".empty")?.remove();
   for (const e of entries) {
     const m = e.message;
     if (!m || m.kind === "tool_results") continue;
@@ -554,7 +617,20 @@ function scrollDown() {
 // ---- the current invocation: its log, drawn ------------------------------------------------
 
 function newInvocation(id) {
-  return { id, app: ui.app, session: ui.session, log: [], lastId: null, run: 0, ended: null, following: true };
+  return { id, app: ui.app, session: ui.session, log: [], lastId: null, run: 0, ended: null, following: true, stopping: null };
+}
+
+// Draw `inv` from here on: what was shown before stays as history, the timeline shows `inv`.
+function begin(inv) {
+  if (ui.cur) {
+    ui.blocks.clear();
+    $("messages").append(h("div", { class: "divider" }));
+  }
+  ui.cur = inv;
+  ui.shown = inv.id;
+  $("events").replaceChildren();
+  countEvents();
+  $("inv-id").textContent = inv.id;
 }
 
 function save() {
@@ -566,7 +642,12 @@ function restore() {
 
 // One frame of the stream: update the snapshot (log and last id), then draw it.
 function onFrame(frame) {
-  const inv = ui.cur;
+  apply(record(ui.cur, frame), false);
+  save();
+}
+
+// One frame into `inv`'s log (a turn's deltas merged); the entry to draw.
+function record(inv, frame) {
   const d = frame.data;
   if (frame.id) inv.lastId = frame.id;
   else if (d.seq) inv.lastId = String(d.seq); // the terminal frame has no id: resume after it
@@ -585,8 +666,7 @@ function onFrame(frame) {
     entry = { kind: "event", event: frame.event, data: d };
     inv.log.push(entry);
   }
-  apply(entry, false);
-  save();
+  return entry;
 }
 
 function block(key, make) {
@@ -624,11 +704,12 @@ function apply(entry, replaying) {
     return scrollDown();
   }
   const d = entry.data;
-  timelineRow(entry);
+  if (ui.shown === inv.id) timelineRow(entry);
+  else if (!replaying) showTimeline(inv, false); // it goes on: the timeline follows it again
   switch (d.kind) {
     case "started":
       inv.run += 1;
-      $("inv-id").textContent = d.invocation_id;
+      inv.stopping = null; // a stop asked of an earlier run is no stop of this one
       if (d.resumed) {
         // A turn still streaming when its run stopped (its process died) never finished:
         // the resumed run answers it again, in a block of its own.
@@ -670,11 +751,22 @@ function apply(entry, replaying) {
       }
       break;
     }
-    case "approval_requested":
+    case "approval_requested": {
       approvalCard(d);
+      const chip = turnBlock(d.path, d.turn).querySelector(`[data-call="${CSS.escape(d.call.id)}"]`);
+      if (chip) chip.querySelector(".tool-state").textContent = "waiting for approval";
+      drawStatus();
       break;
+    }
     case "approval_decided":
       settleCard(d.approval_id, d.state, d.by ? `by ${d.by}` : "", d.arguments);
+      drawStatus();
+      break;
+    case "cancel_requested":
+      // Asked here, in another tab, or by another client: the stop controls follow it.
+      inv.stopping = strongest(inv.stopping, d.mode);
+      drawStop();
+      drawStatus();
       break;
     case "ended":
       interruptStreaming();
@@ -746,6 +838,22 @@ function timelineRow(entry) {
   );
   list.append(row);
   list.scrollTop = list.scrollHeight;
+  countEvents();
+}
+
+function countEvents() {
+  const n = $("events").childElementCount;
+  $("event-count").textContent = n ? String(n) : "";
+}
+
+// The timeline shows the events of `inv` (an earlier answer's, from its outcome card).
+function showTimeline(inv, reveal = true) {
+  ui.shown = inv.id;
+  $("events").replaceChildren();
+  for (const entry of inv.log) if (entry.kind === "event") timelineRow(entry);
+  countEvents();
+  $("inv-id").textContent = inv.id;
+  if (reveal) openDrawer("events");
 }
 
 // ---- approvals -------------------------------------------------------------------------------
@@ -776,11 +884,12 @@ function approvalCard(d) {
       if (err instanceof Unreachable) linkLost(err);
     } finally { card.classList.remove("busy"); }
   };
-  const card = block(`approval:${d.approval_id}`, () => h("div", { class: "card approval open", dataset: { approvalId: d.approval_id } },
+  const card = block(`approval:${d.approval_id}`, () => h("div", { class: "card approval open", dataset: { approvalId: d.approval_id, call: d.call.id, path: d.path, turn: d.turn } },
     h("div", { class: "card-title" }, h("span", { class: "badge open", text: "approval" }), " ", h("b", { class: "mono", text: d.call.name }), d.description ? h("span", { class: "muted", text: ` — ${d.description}` }) : null),
     d.prompt ? h("p", { text: d.prompt }) : null,
     h("label", { class: "small-text muted edit-hint", text: "Arguments (edit before approving)" }),
     args,
+    h("div", { class: "small-text muted final-label" }),
     h("pre", { class: "final-args mono" }),
     error,
     h("div", { class: "card-actions" },
@@ -806,11 +915,19 @@ async function syncApprovals() {
 function settleCard(gate, state, note, args) {
   const card = ui.blocks.get(`approval:${gate}`);
   if (!card) return;
+  if (state !== "approved") {
+    // Its tool call never ran: the chip says so (and why).
+    const chip = ui.blocks.get(`turn:${ui.cur.run}:${card.dataset.path}:${card.dataset.turn}`)?.querySelector(`[data-call="${CSS.escape(card.dataset.call)}"]`);
+    if (chip) chip.querySelector(".tool-state").textContent = `not run (${state})`;
+  }
   card.classList.remove("open");
   card.classList.add("settled");
   card.dataset.state = state;
   for (const el of card.querySelectorAll("button, textarea")) el.disabled = true;
-  if (state === "approved") card.querySelector(".final-args").textContent = pretty(args || card.querySelector(".args-edit").value);
+  // The arguments stay on the card whatever the ending: those it ran with, or those asked.
+  const approved = state === "approved";
+  card.querySelector(".final-label").textContent = approved ? "Ran with" : "Asked to run with";
+  card.querySelector(".final-args").textContent = pretty(approved && args ? args : card.querySelector(".args-edit").value);
   const paused = ui.cur?.ended?.status === "paused";
   card.querySelector(".card-state").replaceChildren(statusBadge(state), note ? ` ${note}` : "", paused && ["approved", "denied"].includes(state) ? " · resume to continue" : "");
 }
@@ -819,10 +936,15 @@ function settleCard(gate, state, note, args) {
 
 function outcomeCard(d, last) {
   const u = d.usage || {};
+  const inv = ui.cur;
+  // Token counts only as the model server reported them: an answer cut off mid-stream has
+  // none (not "0 in · 0 out" beside the text it streamed).
+  const counted = u.input_tokens || u.output_tokens;
   const card = h("div", { class: `card outcome st-${d.status}`, dataset: { status: d.status, seq: d.seq ?? "" } },
-    h("div", { class: "card-title" }, statusBadge(d.status), d.reason ? h("span", { class: "reason", text: ` ${d.reason}` }) : null, d.synthesized ? h("span", { class: "muted", text: " (the server lost track)" }) : null),
+    h("div", { class: "card-title" }, statusBadge(d.status), d.reason ? h("span", { class: "reason", text: ` ${d.reason}` }) : null, d.synthesized ? h("span", { class: "muted", text: " (the server lost track)" }) : null,
+      h("button", { class: "link small-text show-events", type: "button", text: "events", title: "Show this answer's events", onclick: () => showTimeline(inv) })),
     h("div", { class: "facts small-text" },
-      h("span", { text: `${u.input_tokens ?? 0} in · ${u.output_tokens ?? 0} out tokens` }),
+      counted ? h("span", { class: "tokens", text: `${u.input_tokens ?? 0} in · ${u.output_tokens ?? 0} out tokens` }) : null,
       u.requests ? h("span", { text: `${u.requests} model request${u.requests === 1 ? "" : "s"}` }) : null,
       d.cancelled_by ? h("span", { text: `stopped by ${d.cancelled_by}` }) : null,
       d.pending_approvals && d.pending_approvals.length ? h("span", { text: `waiting for ${d.pending_approvals.length} approval${d.pending_approvals.length === 1 ? "" : "s"}` }) : null,
@@ -841,40 +963,88 @@ function outcomeCard(d, last) {
   for (const old of document.querySelectorAll(".outcome .resume")) if (!card.contains(old)) old.closest(".card-actions").remove();
 }
 
-function setStatus(status) {
+function setStatus(status, label) {
   const badge = $("chat-status");
   badge.hidden = !status;
   badge.className = `badge ${status}`;
   badge.classList.toggle("stale", link.down);
-  badge.textContent = status;
+  badge.textContent = label || status;
+}
+
+const MODES = ["after_turn", "after_tools", "immediate"]; // weakest first: modes only strengthen
+const MODE_TEXT = { after_turn: "after the turn", after_tools: "after the tools", immediate: "now" };
+function strongest(a, b) {
+  return MODES.indexOf(a) >= MODES.indexOf(b) ? a : b;
+}
+
+// The status of a run that has not ended: waiting for a person, stopping, or running.
+function drawStatus() {
+  const inv = ui.cur;
+  if (!inv || inv.ended) return;
+  if (ui.sending) return setStatus("stopping", "interrupting…");
+  if (inv.stopping) return setStatus("stopping", `stopping ${MODE_TEXT[inv.stopping]}`);
+  const gates = [...ui.blocks].filter(([key, el]) => key.startsWith("approval:") && el.classList.contains("open"));
+  if (gates.length) return setStatus("waiting", "waiting for approval");
+  setStatus("running");
+}
+
+// Stop and its mode, for the current run: a stop asked at a safe point can be made
+// stronger ("Stop now"); an immediate one waits for the ending.  A new run starts afresh.
+function drawStop() {
+  const inv = ui.cur;
+  const select = $("stop-mode");
+  if (!inv) return;
+  if (ui.stopFor !== `${inv.id}:${inv.run}`) {
+    ui.stopFor = `${inv.id}:${inv.run}`; // each run (a resumed one too) starts at "immediately"
+    select.value = "immediate";
+  }
+  const asked = inv.stopping;
+  for (const option of select.options) option.disabled = Boolean(asked) && MODES.indexOf(option.value) <= MODES.indexOf(asked);
+  if (asked && select.selectedOptions[0]?.disabled) select.value = "immediate";
+  const stop = $("stop");
+  if (asked === "immediate" || ui.sending) {
+    stop.disabled = true;
+    stop.textContent = "Stopping…";
+  } else {
+    able(stop, true);
+    stop.textContent = asked ? "Stop now" : "Stop";
+    stop.title = asked ? `A stop ${MODE_TEXT[asked]} was asked: this makes it stronger` : "";
+  }
 }
 
 function setRunning(running) {
-  if (running) setStatus("running");
   $("stop-group").hidden = !running;
-  $("send").hidden = running;
   const usable = Boolean(ui.mode && ui.app);
-  $("message").disabled = running || !usable;
+  $("message").disabled = !usable;
   able($("send"), usable);
   able($("new-session"), usable);
   $("app").disabled = !ui.apps.length;
-  $("message").placeholder = running ? "Waiting for the answer…  (Stop ends it)" : "Message the agent…  (Enter sends, Shift+Enter for a new line)";
-  able($("stop"), true);
-  $("stop").textContent = "Stop";
+  $("send").title = running ? "Send now: the answer in progress stops and this message is answered" : "";
+  $("message").placeholder = running ? "Message the agent…  (sending interrupts the answer)" : "Message the agent…  (Enter sends, Shift+Enter for a new line)";
+  if (running) {
+    drawStop();
+    drawStatus();
+  }
 }
 
 async function stop() {
   const inv = ui.cur;
-  if (!inv) return;
+  if (!inv || inv.ended) return;
+  const mode = $("stop-mode").value;
   $("stop").disabled = true;
   $("stop").textContent = "Stopping…";
   try {
-    await api("POST", `${invPath(inv.id)}:cancel`, { mode: $("stop-mode").value, reason: "stopped from the dev UI" });
+    // Answered at once (202): the stream shows the stop and then the ending.
+    await api("POST", `${invPath(inv.id)}:cancel`, { mode, reason: "stopped from the dev UI", wait: false });
   } catch (err) {
     sayError(err);
-    able($("stop"), true);
-    $("stop").textContent = "Stop";
+    if (ui.cur === inv) drawStop();
+    return;
   }
+  if (ui.cur !== inv || inv.ended) return;
+  inv.stopping = strongest(inv.stopping, mode);
+  drawStop();
+  drawStatus();
 }
 
 // A paused invocation is ended by a cancel at once; its new ending is then followed in.
@@ -910,7 +1080,48 @@ function stopFollowing() {
   ui.follower = null;
 }
 
+// A message sent while an answer runs: that answer is cancelled first (immediately, reason
+// "preempted by a new message", as a live session and the chat do) and its ending drawn;
+// false if the cancel could not be asked.
+async function preempt(inv) {
+  drawStop();
+  drawStatus();
+  let out;
+  try {
+    out = await api("POST", `${invPath(inv.id)}:cancel`, { mode: "immediate", reason: PREEMPTED });
+  } catch (err) {
+    sayError(err);
+    return false;
+  }
+  // The answer comes once the ending is stored; the stream brings it a moment later.
+  for (let i = 0; i < 40 && !inv.ended && ui.cur === inv; i++) await sleep(50);
+  if (ui.cur === inv && !inv.ended && out && out.status) {
+    stopFollowing();
+    const seq = out.event_id ? Number(out.event_id.split(".")[0]) : undefined;
+    onFrame({ id: null, event: "ended", data: { ...out, kind: "ended", seq } });
+  }
+  return true;
+}
+
 async function send(text) {
+  if (ui.sending) return;
+  ui.sending = true;
+  try {
+    await sendNow(text);
+  } finally {
+    if (ui.sending) {
+      ui.sending = false;
+      if (ui.cur && !ui.cur.ended) {
+        drawStop();
+        drawStatus();
+      }
+    }
+  }
+}
+
+async function sendNow(text) {
+  const running = ui.cur && !ui.cur.ended && ui.follower && ui.cur.session === ui.session;
+  if (running && !(await preempt(ui.cur))) return;
   if (!ui.session) {
     try {
       const s = await api("POST", sessionsPath(), {});
@@ -920,24 +1131,31 @@ async function send(text) {
   stopFollowing();
   const ctl = (ui.follower = new AbortController());
   let response;
-  try {
-    response = await request("POST", "run_sse", {
-      body: { app_name: ui.app, user_id: user(), session_id: ui.session, input: text },
-      signal: ctl.signal,
-    });
-  } catch (err) {
-    if (err.name !== "AbortError") sayError(err);
-    return;
+  for (let attempt = 0; ; attempt++) {
+    try {
+      response = await request("POST", "run_sse", {
+        body: { app_name: ui.app, user_id: user(), session_id: ui.session, input: text },
+        signal: ctl.signal,
+      });
+      break;
+    } catch (err) {
+      // Just preempted: the session is free once the cut-off answer's ending is stored,
+      // which another process may take a moment to do.
+      if (running && err.code === "session_busy" && attempt < 20) {
+        await sleep(100);
+        continue;
+      }
+      if (err.name !== "AbortError") sayError(err);
+      return;
+    }
   }
+  if (ui.follower !== ctl) return;
   $("message").value = "";
   // Whatever was shown goes to history; the new invocation is drawn live.
-  if (ui.cur) {
-    ui.blocks.clear();
-    $("messages").append(h("div", { class: "divider" }));
-  }
-  ui.cur = newInvocation(response.headers.get("X-Invocation-Id"));
-  $("events").replaceChildren();
+  begin(newInvocation(response.headers.get("X-Invocation-Id")));
+  ui.sending = false; // sent: the new answer is the one Stop and Send act on now
   save();
+  titleIfNone(ui.session, text);
   const inv = ui.cur;
   let done;
   try {
@@ -1028,10 +1246,38 @@ async function loadSessionsQuietly() {
   try {
     const sessions = await api("GET", sessionsPath());
     for (const s of sessions) {
-      const b = document.querySelector(`.session[data-session="${CSS.escape(s.id)}"] .small-text`);
-      if (b) b.textContent = ago(s.lastUpdateTime);
+      ui.sessions.set(s.id, s);
+      const b = document.querySelector(`.session[data-session="${CSS.escape(s.id)}"]`);
+      if (!b) continue;
+      b.querySelector(".session-time").textContent = ago(s.lastUpdateTime);
+      const t = b.querySelector(".session-title");
+      t.textContent = s.title || "New session";
+      t.classList.toggle("untitled", !s.title);
     }
+    drawTitle();
   } catch { /* the sidebar can wait */ }
+}
+
+// ---- drawers ----------------------------------------------------------------------------------
+//
+// Where a panel does not fit beside the conversation (the Events panel below 1100 px, the
+// sessions below 760 px) it is a drawer, opened from the conversation's head; the CSS decides
+// which are drawers, so these classes do nothing on a wide screen.
+
+function openDrawer(which) {
+  closeDrawers();
+  document.body.classList.add(`show-${which}`);
+  $(`show-${which}`).setAttribute("aria-expanded", "true");
+}
+function toggleDrawer(which) {
+  if (document.body.classList.contains(`show-${which}`)) closeDrawers();
+  else openDrawer(which);
+}
+function closeDrawers() {
+  for (const which of ["sessions", "events"]) {
+    document.body.classList.remove(`show-${which}`);
+    $(`show-${which}`).setAttribute("aria-expanded", "false");
+  }
 }
 
 // ---- wiring -----------------------------------------------------------------------------------
@@ -1060,6 +1306,12 @@ document.addEventListener("DOMContentLoaded", () => {
     }
   });
   $("stop").addEventListener("click", stop);
+  $("show-sessions").addEventListener("click", () => toggleDrawer("sessions"));
+  $("show-events").addEventListener("click", () => toggleDrawer("events"));
+  for (const b of document.querySelectorAll(".close-drawer")) b.addEventListener("click", closeDrawers);
+  $("scrim").addEventListener("click", closeDrawers);
+  document.addEventListener("keydown", (e) => { if (e.key === "Escape") closeDrawers(); });
+  $("mode").addEventListener("click", () => document.body.classList.toggle("show-auth"));
   window.addEventListener("online", retryNow); // the network is back: no need to wait
   connect();
 });
