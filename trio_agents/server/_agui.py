@@ -1,0 +1,524 @@
+"""``POST /ag-ui/{app}``: the AG-UI protocol (``ag-ui-protocol`` 1.0) over our runner.
+
+The body is a ``RunAgentInput`` (camelCase, as ``@ag-ui/client`` sends it); the answer is an
+SSE stream of AG-UI events (``data: {json}`` frames, no ``event:`` names), translated from
+the invocation's events by :mod:`._agui_events`.
+
+Input
+    ``threadId`` is the session (``app/user/threadId`` in the store, like ``/run``'s
+    ``session_id``; an id of 1-128 letters, digits, ``.``, ``_``, ``@``, ``-``).  ``runId`` is
+    echoed in ``RUN_STARTED`` and the terminal event; the invocation's own id is in
+    ``RUN_STARTED.metadata.trio_agents.invocation_id``.  The session is the conversation of
+    record: of ``messages`` only the last one is read, and it must be a user message (text
+    or text parts) - the new input.  ``forwardedProps.on_disconnect`` is ``"cancel"`` (the
+    default) or ``"continue"``.  ``tools``, ``context`` and ``state`` are not used.
+
+    A malformed body is 422 ``invalid_field`` naming the field (``messages.0.content``),
+    like every other route's bad input; an unknown app 404; the session busy 409; the user
+    at their limit 429.  Nothing is started before the input is known good.
+
+Cancel
+    AG-UI has no cancel request: a client aborts its HTTP request (``abortRun()``).  With
+    ``on_disconnect: "cancel"`` that is the cancel: the invocation is cancelled
+    (``immediate``, reason ``client disconnected``, by the token's user) and the request's
+    task waits (shielded, at most 10 s) until the invocation has stopped - the model's
+    stream closed, the ending stored - before it lets go.  ``"continue"`` lets it run on;
+    it can be followed at ``GET /invocations/{id}/events``.  A run cancelled any way
+    (``POST /invocations/{id}:cancel``, a shutdown) ends its AG-UI stream with exactly one
+    terminal event: ``RUN_ERROR`` with ``code: "cancelled"``, the reason and who asked in
+    ``message`` and in ``metadata.trio_agents`` (``status``, ``reason``, ``cancelled_by``,
+    ``output``: the partial answer).  AG-UI 1.0 also defines ``RUN_FINISHED`` outcome
+    ``cancelled``, meant for a run its own runtime stopped and that "did not fail"; clients
+    that predate it read any unknown outcome as success, so a cancel is reported as an
+    error, which no client mistakes for a completed run.
+
+Interrupts (human in the loop)
+    A tool call that needs approval (or a long-running result, or a credential) opens a
+    gate.  Once the invocation waits on its gates (it is *parked*), the stream ends with
+    ``RUN_FINISHED`` outcome ``{type: "interrupt", interrupts}``: one ``Interrupt`` per open
+    gate, id ``"<invocation id>/<gate id>"``, ``toolCallId``, ``message`` (the tool's
+    approval prompt or description), ``expiresAt``.  The invocation keeps waiting (hot,
+    then paused past the runner's ``approval_timeout``); the client's disconnect after that
+    terminal event cancels nothing.  The next ``RunAgentInput`` of the same thread carries
+    ``resume[]``, one entry per open interrupt of that invocation (422 ``missing_resume``
+    naming the ones left out):
+
+    * an approval, ``status: "resolved"``: ``payload`` absent or ``true`` approves,
+      ``false`` denies, ``{"approved": bool, "arguments": {...}, "reason": "..."}`` approves
+      with edited arguments or denies with a reason; ``status: "cancelled"`` denies;
+    * a long-running result: ``payload`` is the result (``"cancelled"``: an error result);
+    * a credential: ``payload`` is the credential (a string).
+
+    The answers are recorded (durable first), a paused invocation is resumed here, and the
+    stream follows the invocation from where the last one stopped.  ``messages`` are not
+    read then.  An interrupt id that names no open gate of this user's invocation on this
+    thread is 422 ``unknown_interrupt`` (another user's looks the same as a missing one);
+    edited arguments that fail the tool's validation 422 ``invalid_arguments``; a gate
+    that ended meanwhile (expired) 409 ``gate_closed``.
+
+Detecting *parked*: the approvals of a turn are journaled, then the wait begins.  While the
+stream has open gates and the invocation runs here, it checks every 20 ms whether the
+invocation waits on a gate (an in-memory flag); it does not guess from timing.  An
+invocation that runs in another process (taken over after a crash) is followed through the
+store: its stream ends with the interrupt when it pauses (``approval_timeout``).
+
+Who owns what: the request's task owns nothing of the invocation (which runs in the
+runner's nursery) but its follower; sse-starlette's task group owns the follower, the
+disconnect listener and the pings.  What is persisted first: the invocation and its input
+(``runner.start`` returns once durable), a resume's answers (``runner.decide`` et al.),
+before any AG-UI event is sent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+import pydantic
+import trio
+from ag_ui.core import BaseEvent, ResumeEntry, RunAgentInput, UserMessage
+from sse_starlette.event import ServerSentEvent
+from sse_starlette.sse import EventSourceResponse
+from starlette.requests import Request
+from starlette.routing import BaseRoute, Route
+
+from .. import approvals
+from .._exceptions import GateClosed, InvocationNotFound, LeaseError, StoreError, UsageError
+from ..events import EventId, InvocationEnded, event_id
+from ..runner import Runner
+from ._agui_events import Translator, split_interrupt
+from ._app import ServerState, session_key
+from ._errors import ApiError
+from ._ids import ID_PATTERN, check_id, path_id
+from ._runs import DISCONNECT_REASON, OnDisconnect, _EventStream
+
+__all__ = ["agui_routes"]
+
+logger = logging.getLogger("trio_agents.server")
+
+_THREAD_ID: Final = re.compile(ID_PATTERN)
+PARKED_POLL: Final = 0.02
+STOP_WAIT: Final = 10.0
+
+
+class _Parsed:
+    def __init__(self, body: RunAgentInput, on_disconnect: OnDisconnect, text: str | None):
+        self.body = body
+        self.on_disconnect = on_disconnect
+        self.text = text
+
+
+def _field(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(p) for p in loc) or "body"
+
+
+def parse_input(data: dict[str, Any]) -> _Parsed:
+    """A ``RunAgentInput`` checked for what this route needs (see the module docstring)."""
+    try:
+        body = RunAgentInput.model_validate(data)
+    except pydantic.ValidationError as exc:
+        first = exc.errors()[0]
+        raise ApiError(
+            422,
+            "invalid_field",
+            f"field {_field(first['loc'])!r} of RunAgentInput: {first['msg']}",
+        ) from None
+    if not isinstance(body.thread_id, str) or not trio_id(body.thread_id):
+        raise ApiError(
+            422,
+            "invalid_field",
+            f"field 'threadId' must be 1-128 letters, digits, '.', '_', '@' or '-', "
+            f"got {body.thread_id!r}",
+        )
+    props = body.forwarded_props
+    value = props.get("on_disconnect", "cancel") if isinstance(props, dict) else "cancel"
+    if value not in ("cancel", "continue"):
+        raise ApiError(
+            422,
+            "invalid_field",
+            f"field 'forwardedProps.on_disconnect' must be 'cancel' or 'continue', got {value!r}",
+        )
+    on_disconnect: OnDisconnect = "continue" if value == "continue" else "cancel"
+    if body.resume:
+        return _Parsed(body, on_disconnect, None)
+    return _Parsed(body, on_disconnect, _last_user_text(body))
+
+
+def trio_id(value: str) -> bool:
+    return _THREAD_ID.fullmatch(value) is not None
+
+
+def _last_user_text(body: RunAgentInput) -> str:
+    if not body.messages:
+        raise ApiError(
+            422, "invalid_field", "field 'messages' must end with a user message (it is empty)"
+        )
+    i = len(body.messages) - 1
+    last = body.messages[i]
+    if not isinstance(last, UserMessage):
+        raise ApiError(
+            422,
+            "invalid_field",
+            f"field 'messages.{i}' must be a user message (the new input), got role "
+            f"{getattr(last, 'role', None)!r}",
+        )
+    if isinstance(last.content, str):
+        return last.content
+    texts: list[str] = []
+    for j, part in enumerate(last.content):
+        text = getattr(part, "text", None)
+        if getattr(part, "type", None) != "text" or not isinstance(text, str):
+            raise ApiError(
+                422,
+                "invalid_field",
+                f"field 'messages.{i}.content.{j}' must be a text part (only text is supported)",
+            )
+        texts.append(text)
+    return "\n".join(texts)
+
+
+# ---- the stream ------------------------------------------------------------------------------
+
+_END: Final = object()
+_PARKED: Final = object()
+
+
+def _parked_here(runner: Runner, invocation_id: str) -> bool:
+    try:
+        inv = runner.get(invocation_id)
+    except InvocationNotFound:
+        return False
+    return inv._is_parked()
+
+
+class AguiFrames:
+    """The SSE frames of one AG-UI run: ``RUN_STARTED``, the translated events, exactly one
+    terminal event.  An async iterator holding no resource; a cancel (the client went away)
+    stops only this follower.  ``finished``: the terminal event was produced."""
+
+    def __init__(
+        self,
+        runner: Runner,
+        translator: Translator,
+        after: EventId,
+        reopen: Callable[[InvocationEnded], Awaitable[bool]] | None = None,
+    ) -> None:
+        self._runner = runner
+        self._reopen = reopen
+        self._tr = translator
+        self._id = translator.invocation_id
+        self._stream = runner.events(self._id, after_seq=after)
+        self._held: InvocationEnded | None = None
+        self._ready: deque[ServerSentEvent] = deque([_frame(translator.started())])
+        self.finished = False
+
+    def __aiter__(self) -> AguiFrames:
+        return self
+
+    async def __anext__(self) -> ServerSentEvent:
+        while not self._ready:
+            if self.finished:
+                raise StopAsyncIteration
+            await self._pull()
+        return self._ready.popleft()
+
+    def _emit(self, events: list[BaseEvent]) -> None:
+        self._ready.extend(_frame(e) for e in events)
+
+    async def _next(self) -> object:
+        """The next event, ``_END``, or ``_PARKED`` when the invocation waits on the open
+        gates first."""
+        if not (self._tr.open_gates and self._runner.is_active(self._id)):
+            try:
+                return await self._stream.__anext__()
+            except StopAsyncIteration:
+                return _END
+        got: list[object] = []
+        async with trio.open_nursery() as nursery:
+
+            async def pull() -> None:
+                try:
+                    event: object = await self._stream.__anext__()
+                except StopAsyncIteration:
+                    event = _END
+                got.append(event)
+                nursery.cancel_scope.cancel()
+
+            async def watch() -> None:
+                while True:  # an in-memory flag, no wake-up exists for it: a cheap poll
+                    if _parked_here(self._runner, self._id):
+                        break
+                    await trio.sleep(PARKED_POLL)
+                got.append(_PARKED)
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(pull)
+            nursery.start_soon(watch)
+        return got[0]
+
+    async def _pull(self) -> None:
+        try:
+            event = await self._next()
+        except Exception as exc:  # a store failure: say so in the one terminal event
+            logger.warning("cannot follow invocation %s: %r", self._id, exc)
+            self.finished = True
+            why = "the store could not answer" if isinstance(exc, StoreError) else "an error"
+            self._emit(
+                self._tr.failed(
+                    "unavailable",
+                    f"the server cannot follow this run any more ({why}); the invocation "
+                    f"may still run: GET /invocations/{self._id}/events",
+                    None,
+                )
+            )
+            return
+        if event is _PARKED:
+            self.finished = True
+            self._emit(self._tr.interrupted())
+            return
+        if event is _END:
+            self.finished = True
+            held = self._held
+            if held is None:
+                self._emit(
+                    self._tr.failed("failed", "the event stream ended without an ending", None)
+                )
+                return
+            if held.status == "paused" and self._reopen is not None and await self._reopen(held):
+                # Paused as the answers were recorded: resumed, follow on after that ending.
+                self.finished = False
+                self._held = None
+                self._stream = self._runner.events(self._id, after_seq=event_id(held))
+                return
+            if held.status == "paused" and any(
+                g not in self._tr.requests for g in held.pending_approvals
+            ):
+                self._tr.learn(await self._runner.store.load_events(self._id))
+            self._emit(self._tr.ended(held))
+            return
+        self._held = None  # more came after an ending: that was an earlier run's
+        if isinstance(event, InvocationEnded):
+            self._held = event
+            return
+        self._emit(self._tr.feed(event))  # type: ignore[arg-type]
+
+
+def _frame(event: BaseEvent) -> ServerSentEvent:
+    return ServerSentEvent(data=event.model_dump_json(by_alias=True), sep="\n")
+
+
+def agui_response(
+    state: ServerState,
+    translator: Translator,
+    *,
+    after: EventId,
+    user: str,
+    on_disconnect: OnDisconnect,
+) -> EventSourceResponse:
+    invocation_id = translator.invocation_id
+
+    async def reopen(held: InvocationEnded) -> bool:
+        """Whether a pause that raced the answers to all its gates was resumed here (or
+        elsewhere, meanwhile): then the run goes on."""
+        runner = state.runner
+        decided = {d.approval_id for d in await runner.store.decisions(invocation_id)}
+        if not held.pending_approvals or not set(held.pending_approvals) <= decided:
+            return False
+        record = await runner.store.get_invocation(invocation_id)
+        if record.status == "paused" and not runner.is_active(invocation_id):
+            # (UsageError, LeaseError: resumed by someone else meanwhile; follow that.)
+            with contextlib.suppress(UsageError, LeaseError):
+                async with state.admit(user):
+                    await runner.resume(invocation_id, agent=state.agent(record.agent))
+        return True
+
+    frames = AguiFrames(state.runner, translator, after, reopen)
+
+    async def closed(message: object) -> None:
+        if on_disconnect != "cancel" or frames.finished:
+            return
+        runner = state.runner
+        with trio.move_on_after(STOP_WAIT, shield=True):
+            await runner.request_cancel(
+                invocation_id, "immediate", reason=DISCONNECT_REASON, by=user
+            )
+            if runner.is_active(invocation_id):
+                await runner.get(invocation_id).wait()
+
+    return _EventStream(
+        frames,
+        headers={"X-Invocation-Id": invocation_id, "Cache-Control": "no-cache"},
+        ping=15,
+        sep="\n",
+        client_close_handler_callable=closed,
+    )
+
+
+# ---- resume --------------------------------------------------------------------------------
+
+
+async def _apply_resume(
+    state: ServerState, user: str, session: str, entries: list[ResumeEntry]
+) -> tuple[str, EventId]:
+    """Record the answers of ``entries``; the invocation and the cursor to follow it from
+    (its head before the answers)."""
+    runner = state.runner
+    ids: list[tuple[str, str]] = []
+    for i, entry in enumerate(entries):
+        found = split_interrupt(entry.interrupt_id)
+        if found is None:
+            raise _unknown(i, entry.interrupt_id)
+        ids.append(found)
+    invocation_id = ids[0][0]
+    if any(inv != invocation_id for inv, _ in ids):
+        raise ApiError(
+            422,
+            "invalid_field",
+            "field 'resume' must answer the interrupts of one run (one invocation id)",
+        )
+    try:
+        check_id(invocation_id, "an invocation id", "invocation")
+        record = await state.invocation(invocation_id, user)
+    except ApiError:
+        raise _unknown(0, entries[0].interrupt_id) from None
+    if record.session_id != session or record.status not in ("running", "paused"):
+        raise _unknown(0, entries[0].interrupt_id)
+    gates = approvals.tally(await runner.store.load_events(record.id))
+    decided = {d.approval_id for d in await runner.store.decisions(record.id)}
+    open_ = [g for g, info in gates.items() if info.state == "open" and g not in decided]
+    for i, (_, gate) in enumerate(ids):
+        if gate not in open_:
+            raise _unknown(i, entries[i].interrupt_id)
+    missing = [g for g in open_ if g not in {gate for _, gate in ids}]
+    if missing:
+        raise ApiError(
+            422,
+            "missing_resume",
+            "field 'resume' must answer every open interrupt of the run; missing: "
+            + ", ".join(f"{record.id}/{g}" for g in missing),
+        )
+    after = record.head
+    for i, ((_, gate), entry) in enumerate(zip(ids, entries, strict=True)):
+        await _answer(state, user, record.id, gate, gates[gate].kind, entry, i)
+    if record.status == "paused" and not runner.is_active(record.id):
+        async with state.admit(user):
+            try:
+                await runner.resume(record.id, agent=state.agent(record.agent))
+            except UsageError:
+                if not runner.is_active(record.id):  # not resumed by recovery meanwhile
+                    raise
+    return record.id, after
+
+
+def _unknown(i: int, value: str) -> ApiError:
+    return ApiError(
+        422,
+        "unknown_interrupt",
+        f"field 'resume.{i}.interruptId': no open interrupt {value!r} on this thread",
+    )
+
+
+async def _answer(
+    state: ServerState,
+    user: str,
+    invocation_id: str,
+    gate: str,
+    kind: str,
+    entry: ResumeEntry,
+    i: int,
+) -> None:
+    runner = state.runner
+    payload = entry.payload
+    cancelled = entry.status == "cancelled"
+    try:
+        if kind == "approval":
+            approved, arguments, reason = True, None, None
+            if cancelled:
+                approved, reason = False, "cancelled by the user"
+            elif isinstance(payload, bool):
+                approved = payload
+            elif isinstance(payload, dict):
+                approved = payload.get("approved", True)
+                arguments = payload.get("arguments")
+                reason = payload.get("reason")
+                if (
+                    not isinstance(approved, bool)
+                    or not isinstance(reason, str | None)
+                    or not isinstance(arguments, dict | str | None)
+                    or (arguments is not None and not approved)
+                ):
+                    raise ApiError(
+                        422,
+                        "invalid_field",
+                        f"field 'resume.{i}.payload' must be {{'approved': bool, 'arguments': "
+                        "{...} (only when approved), 'reason': '...'}",
+                    )
+            elif payload is not None:
+                raise ApiError(
+                    422,
+                    "invalid_field",
+                    f"field 'resume.{i}.payload' must be true, false or an object",
+                )
+            await runner.decide(
+                invocation_id,
+                gate,
+                approved=approved,
+                reason=reason,
+                by=user,
+                arguments=arguments,
+            )
+        elif kind == "result":
+            if cancelled:
+                await runner.submit_result(
+                    invocation_id, gate, "cancelled by the user", is_error=True, by=user
+                )
+            else:
+                result = payload if isinstance(payload, str) else json.dumps(payload)
+                await runner.submit_result(invocation_id, gate, result, by=user)
+        else:
+            if cancelled or not isinstance(payload, str):
+                raise ApiError(
+                    422,
+                    "invalid_field",
+                    f"field 'resume.{i}.payload' must be the credential (a string)",
+                )
+            await runner.submit_credential(invocation_id, gate, payload, by=user)
+    except GateClosed:
+        raise  # 409 gate_closed
+    except UsageError as exc:  # edited arguments that fail the tool's validation
+        raise ApiError(422, "invalid_arguments", f"resume.{i}: {exc}") from None
+
+
+# ---- the route -----------------------------------------------------------------------------
+
+
+async def agui_run(request: Request) -> EventSourceResponse:
+    state: ServerState = request.app.state.trio_agents
+    user = state.user(request)  # 401 before anything else
+    app = path_id(request, "app")
+    agent = state.agent(app)
+    parsed = parse_input(await state.read_json(request))
+    body = parsed.body
+    session = session_key(app, user, body.thread_id)
+    if body.resume:
+        invocation_id, after = await _apply_resume(state, user, session, body.resume)
+    else:
+        assert parsed.text is not None
+        async with state.admit(user):
+            inv = await state.runner.start(agent, parsed.text, user_id=user, session_id=session)
+        invocation_id, after = inv.id, (0, 0)
+    translator = Translator(
+        thread_id=body.thread_id, run_id=body.run_id, invocation_id=invocation_id
+    )
+    return agui_response(
+        state, translator, after=after, user=user, on_disconnect=parsed.on_disconnect
+    )
+
+
+def agui_routes() -> list[BaseRoute]:
+    return [Route("/ag-ui/{app}", agui_run, methods=["POST"])]
