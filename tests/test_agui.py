@@ -23,6 +23,7 @@ from ag_ui.core import Event as AguiEvent
 
 import trio_agents as ta
 from trio_agents.messages import ToolCall
+from trio_agents.models import ScriptedModel
 from trio_agents.testing import FakeServer, ResponsePlan
 
 from ._server import BOB, open_client, open_server
@@ -430,3 +431,33 @@ async def test_the_route_needs_a_token_and_a_known_app() -> None:
     assert unauthorized.status_code == 401
     assert unknown.status_code == 404
     assert unknown.json()["error"]["code"] == "app_not_found"
+
+
+async def test_workflow_steps_are_step_events() -> None:
+    """Each step of a workflow is a STEP_STARTED / STEP_FINISHED pair around its text; the
+    run's result is the last step's output."""
+    flow = ta.Sequential(
+        name="pipe",
+        steps=[
+            ta.Agent(name="writer", model=ScriptedModel(["draft"])),
+            ta.Agent(name="editor", model=ScriptedModel(["final"])),
+        ],
+    )
+    with trio.fail_after(20):
+        async with (
+            ta.Runner() as runner,
+            open_server([flow], runner=runner) as url,
+            open_client(url) as alice,
+            alice.stream("POST", "/ag-ui/pipe", json=run_input()) as response,
+        ):
+            events = await read_events(response)
+    steps = [(e.type.value, e.step_name) for e in events if e.type.value.startswith("STEP_")]
+    assert steps == [
+        ("STEP_STARTED", "0:writer"),
+        ("STEP_FINISHED", "0:writer"),
+        ("STEP_STARTED", "1:editor"),
+        ("STEP_FINISHED", "1:editor"),
+    ]
+    texts = [e.delta for e in events if e.type.value == "TEXT_MESSAGE_CONTENT"]
+    assert "".join(texts) == "draftfinal"
+    assert events[-1].result == "final"
