@@ -23,7 +23,7 @@ from ag_ui.core import Event as AguiEvent
 
 import trio_agents as ta
 from trio_agents.messages import ToolCall
-from trio_agents.models import ScriptedModel
+from trio_agents.models import ScriptedModel, ScriptedTurn
 from trio_agents.testing import FakeServer, ResponsePlan
 
 from ._server import BOB, open_client, open_server
@@ -461,3 +461,55 @@ async def test_workflow_steps_are_step_events() -> None:
     texts = [e.delta for e in events if e.type.value == "TEXT_MESSAGE_CONTENT"]
     assert "".join(texts) == "draftfinal"
     assert events[-1].result == "final"
+
+
+async def test_a_long_running_result_is_an_interrupt_answered_by_its_payload() -> None:
+    """A long-running tool's wait is an interrupt (``tool_result``); the resume entry's
+    payload is the result the model sees."""
+
+    @ta.tool(long_running=True)
+    async def render(scene: str) -> dict[str, str]:
+        """Render a scene (takes hours)."""
+        return {"job": f"job-{scene}"}
+
+    model = ScriptedModel([ScriptedTurn.call("render", '{"scene": "a"}', id="c0"), "rendered"])
+    studio = ta.Agent(name="studio", model=model, tools=[render])
+    with trio.fail_after(20):
+        async with (
+            ta.Runner() as runner,
+            open_server([studio], runner=runner) as url,
+            open_client(url) as alice,
+        ):
+            async with alice.stream("POST", "/ag-ui/studio", json=run_input()) as response:
+                first = await read_events(response)
+            [interrupt] = first[-1].outcome.interrupts
+            entry = {"interruptId": interrupt.id, "status": "resolved", "payload": {"frames": 240}}
+            body = run_input(run="r2", resume=[entry])
+            async with alice.stream("POST", "/ag-ui/studio", json=body) as response:
+                second = await read_events(response)
+    assert (interrupt.reason, interrupt.tool_call_id) == ("tool_result", "c0")
+    assert interrupt.message == "Render a scene (takes hours)."
+    [result] = [e for e in second if e.type.value == "TOOL_CALL_RESULT"]
+    assert json.loads(result.content) == {"frames": 240}
+    assert second[-1].result == "rendered"
+
+
+async def test_a_new_message_while_the_thread_waits_on_interrupts_is_409() -> None:
+    """The thread's run still waits on its interrupt: a new run on it is refused
+    (``session_busy``) until ``resume[]`` answers; another thread is free."""
+    async with (
+        agui_server(deploying) as (fake, _, url),
+        open_client(url) as alice,
+    ):
+        async with alice.stream("POST", "/ag-ui/ops", json=run_input()) as response:
+            first = await read_events(response)
+        assert first[-1].outcome.type == "interrupt"
+        busy = await alice.post("/ag-ui/ops", json=run_input("again", run="r2"))
+        async with alice.stream(
+            "POST", "/ag-ui/ops", json=run_input(thread="t2", run="r3")
+        ) as response:
+            other = await read_events(response)
+    assert busy.status_code == 409, busy.text
+    assert busy.json()["error"]["code"] == "session_busy"
+    assert other[-1].outcome.type == "interrupt"
+    assert len(fake.requests) == 2

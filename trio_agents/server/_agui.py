@@ -49,6 +49,7 @@ Interrupts (human in the loop)
     * a long-running result: ``payload`` is the result (``"cancelled"``: an error result);
     * a credential: ``payload`` is the credential (a string).
 
+    While the run waits, its thread is busy: a new message on it is 409 ``session_busy``.
     The answers are recorded (durable first), a paused invocation is resumed here, and the
     stream follows the invocation from where the last one stopped.  ``messages`` are not
     read then.  An interrupt id that names no open gate of this user's invocation on this
