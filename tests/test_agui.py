@@ -513,3 +513,48 @@ async def test_a_new_message_while_the_thread_waits_on_interrupts_is_409() -> No
     assert busy.json()["error"]["code"] == "session_busy"
     assert other[-1].outcome.type == "interrupt"
     assert len(fake.requests) == 2
+
+
+async def test_a_credential_is_an_interrupt_answered_by_its_payload() -> None:
+    """A tool's request for a credential is an interrupt (``credential``); the resume
+    entry's payload is the credential, which the tool then reads (and no event holds)."""
+    seen: list[str | None] = []
+
+    @ta.tool
+    async def fetch(url: str, ctx: ta.ToolContext) -> str:
+        """Fetch a report."""
+        key = ctx.credential("api_key")
+        seen.append(key)
+        if key is None:
+            raise ta.NeedsCredential("api_key", hint="the reporting API key")
+        return f"fetched {url}"
+
+    turns: list[ScriptedTurn | str] = [
+        ScriptedTurn.call("fetch", '{"url": "https://x/r"}', id="c0"),
+        "here it is",
+    ]
+    reader = ta.Agent(name="reader", model=ScriptedModel(turns), tools=[fetch])
+    with trio.fail_after(20):
+        async with (
+            ta.Runner() as runner,
+            open_server([reader], runner=runner) as url,
+            open_client(url) as alice,
+        ):
+            async with alice.stream("POST", "/ag-ui/reader", json=run_input()) as response:
+                first = await read_events(response)
+            [interrupt] = first[-1].outcome.interrupts
+            bad = {"interruptId": interrupt.id, "status": "resolved", "payload": 42}
+            refused = await alice.post("/ag-ui/reader", json=run_input(run="r2", resume=[bad]))
+            entry = {**bad, "payload": "sk-secret-1"}
+            body = run_input(run="r3", resume=[entry])
+            async with alice.stream("POST", "/ag-ui/reader", json=body) as response:
+                raw = await response.aread()
+    assert (interrupt.reason, interrupt.message) == ("credential", "the reporting API key")
+    assert refused.status_code == 422
+    assert "resume.0.payload" in refused.json()["error"]["message"]
+    assert seen == [None, "sk-secret-1"]
+    assert b"sk-secret-1" not in raw
+    events: list[Any] = [
+        EVENT.validate_json(line[5:]) for line in raw.split(b"\n") if line[:5] == b"data:"
+    ]
+    assert events[-1].result == "here it is"

@@ -73,29 +73,29 @@ before any AG-UI event is sent.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import re
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
+import attrs
 import pydantic
 import trio
-from ag_ui.core import BaseEvent, ResumeEntry, RunAgentInput, UserMessage
+from ag_ui.core import BaseEvent, RunAgentInput, UserMessage
 from sse_starlette.event import ServerSentEvent
 from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request
 from starlette.routing import BaseRoute, Route
 
-from .. import approvals
-from .._exceptions import GateClosed, InvocationNotFound, LeaseError, StoreError, UsageError
+from .._exceptions import InvocationNotFound, LeaseError, StoreError, UsageError
 from ..events import EventId, InvocationEnded, event_id
 from ..runner import Runner
-from ._agui_events import Translator, split_interrupt
+from ._agui_events import Translator
+from ._agui_resume import apply_resume
 from ._app import ServerState, session_key
 from ._errors import ApiError
-from ._ids import ID_PATTERN, check_id, path_id
+from ._ids import ID_PATTERN, path_id
 from ._runs import DISCONNECT_REASON, OnDisconnect, _EventStream
 
 __all__ = ["agui_routes"]
@@ -107,18 +107,21 @@ PARKED_POLL: Final = 0.02
 STOP_WAIT: Final = 10.0
 
 
-class _Parsed:
-    def __init__(self, body: RunAgentInput, on_disconnect: OnDisconnect, text: str | None):
-        self.body = body
-        self.on_disconnect = on_disconnect
-        self.text = text
+@attrs.frozen
+class Parsed:
+    """A good ``RunAgentInput``, its disconnect policy, and its input text (``None`` with
+    ``resume[]``)."""
+
+    body: RunAgentInput
+    on_disconnect: OnDisconnect
+    text: str | None
 
 
 def _field(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(p) for p in loc) or "body"
 
 
-def parse_input(data: dict[str, Any]) -> _Parsed:
+def parse_input(data: dict[str, Any]) -> Parsed:
     """A ``RunAgentInput`` checked for what this route needs (see the module docstring)."""
     try:
         body = RunAgentInput.model_validate(data)
@@ -129,7 +132,7 @@ def parse_input(data: dict[str, Any]) -> _Parsed:
             "invalid_field",
             f"field {_field(first['loc'])!r} of RunAgentInput: {first['msg']}",
         ) from None
-    if not isinstance(body.thread_id, str) or not trio_id(body.thread_id):
+    if not isinstance(body.thread_id, str) or not _is_session_id(body.thread_id):
         raise ApiError(
             422,
             "invalid_field",
@@ -146,11 +149,11 @@ def parse_input(data: dict[str, Any]) -> _Parsed:
         )
     on_disconnect: OnDisconnect = "continue" if value == "continue" else "cancel"
     if body.resume:
-        return _Parsed(body, on_disconnect, None)
-    return _Parsed(body, on_disconnect, _last_user_text(body))
+        return Parsed(body, on_disconnect, None)
+    return Parsed(body, on_disconnect, _last_user_text(body))
 
 
-def trio_id(value: str) -> bool:
+def _is_session_id(value: str) -> bool:
     return _THREAD_ID.fullmatch(value) is not None
 
 
@@ -360,141 +363,6 @@ def agui_response(
     )
 
 
-# ---- resume --------------------------------------------------------------------------------
-
-
-async def _apply_resume(
-    state: ServerState, user: str, session: str, entries: list[ResumeEntry]
-) -> tuple[str, EventId]:
-    """Record the answers of ``entries``; the invocation and the cursor to follow it from
-    (its head before the answers)."""
-    runner = state.runner
-    ids: list[tuple[str, str]] = []
-    for i, entry in enumerate(entries):
-        found = split_interrupt(entry.interrupt_id)
-        if found is None:
-            raise _unknown(i, entry.interrupt_id)
-        ids.append(found)
-    invocation_id = ids[0][0]
-    if any(inv != invocation_id for inv, _ in ids):
-        raise ApiError(
-            422,
-            "invalid_field",
-            "field 'resume' must answer the interrupts of one run (one invocation id)",
-        )
-    try:
-        check_id(invocation_id, "an invocation id", "invocation")
-        record = await state.invocation(invocation_id, user)
-    except ApiError:
-        raise _unknown(0, entries[0].interrupt_id) from None
-    if record.session_id != session or record.status not in ("running", "paused"):
-        raise _unknown(0, entries[0].interrupt_id)
-    gates = approvals.tally(await runner.store.load_events(record.id))
-    decided = {d.approval_id for d in await runner.store.decisions(record.id)}
-    open_ = [g for g, info in gates.items() if info.state == "open" and g not in decided]
-    for i, (_, gate) in enumerate(ids):
-        if gate not in open_:
-            raise _unknown(i, entries[i].interrupt_id)
-    missing = [g for g in open_ if g not in {gate for _, gate in ids}]
-    if missing:
-        raise ApiError(
-            422,
-            "missing_resume",
-            "field 'resume' must answer every open interrupt of the run; missing: "
-            + ", ".join(f"{record.id}/{g}" for g in missing),
-        )
-    after = record.head
-    for i, ((_, gate), entry) in enumerate(zip(ids, entries, strict=True)):
-        await _answer(state, user, record.id, gate, gates[gate].kind, entry, i)
-    if record.status == "paused" and not runner.is_active(record.id):
-        async with state.admit(user):
-            try:
-                await runner.resume(record.id, agent=state.agent(record.agent))
-            except UsageError:
-                if not runner.is_active(record.id):  # not resumed by recovery meanwhile
-                    raise
-    return record.id, after
-
-
-def _unknown(i: int, value: str) -> ApiError:
-    return ApiError(
-        422,
-        "unknown_interrupt",
-        f"field 'resume.{i}.interruptId': no open interrupt {value!r} on this thread",
-    )
-
-
-async def _answer(
-    state: ServerState,
-    user: str,
-    invocation_id: str,
-    gate: str,
-    kind: str,
-    entry: ResumeEntry,
-    i: int,
-) -> None:
-    runner = state.runner
-    payload = entry.payload
-    cancelled = entry.status == "cancelled"
-    try:
-        if kind == "approval":
-            approved, arguments, reason = True, None, None
-            if cancelled:
-                approved, reason = False, "cancelled by the user"
-            elif isinstance(payload, bool):
-                approved = payload
-            elif isinstance(payload, dict):
-                approved = payload.get("approved", True)
-                arguments = payload.get("arguments")
-                reason = payload.get("reason")
-                if (
-                    not isinstance(approved, bool)
-                    or not isinstance(reason, str | None)
-                    or not isinstance(arguments, dict | str | None)
-                    or (arguments is not None and not approved)
-                ):
-                    raise ApiError(
-                        422,
-                        "invalid_field",
-                        f"field 'resume.{i}.payload' must be {{'approved': bool, 'arguments': "
-                        "{...} (only when approved), 'reason': '...'}",
-                    )
-            elif payload is not None:
-                raise ApiError(
-                    422,
-                    "invalid_field",
-                    f"field 'resume.{i}.payload' must be true, false or an object",
-                )
-            await runner.decide(
-                invocation_id,
-                gate,
-                approved=approved,
-                reason=reason,
-                by=user,
-                arguments=arguments,
-            )
-        elif kind == "result":
-            if cancelled:
-                await runner.submit_result(
-                    invocation_id, gate, "cancelled by the user", is_error=True, by=user
-                )
-            else:
-                result = payload if isinstance(payload, str) else json.dumps(payload)
-                await runner.submit_result(invocation_id, gate, result, by=user)
-        else:
-            if cancelled or not isinstance(payload, str):
-                raise ApiError(
-                    422,
-                    "invalid_field",
-                    f"field 'resume.{i}.payload' must be the credential (a string)",
-                )
-            await runner.submit_credential(invocation_id, gate, payload, by=user)
-    except GateClosed:
-        raise  # 409 gate_closed
-    except UsageError as exc:  # edited arguments that fail the tool's validation
-        raise ApiError(422, "invalid_arguments", f"resume.{i}: {exc}") from None
-
-
 # ---- the route -----------------------------------------------------------------------------
 
 
@@ -507,7 +375,7 @@ async def agui_run(request: Request) -> EventSourceResponse:
     body = parsed.body
     session = session_key(app, user, body.thread_id)
     if body.resume:
-        invocation_id, after = await _apply_resume(state, user, session, body.resume)
+        invocation_id, after = await apply_resume(state, user, session, body.resume)
     else:
         assert parsed.text is not None
         async with state.admit(user):
