@@ -24,6 +24,8 @@ from typing import Any
 import pytest
 import trio
 
+from trio_agents.testing import openai_stream
+
 from ._server import ALICE, open_client
 from ._wire import CHAT
 from .conftest import POSTGRES, only
@@ -130,13 +132,23 @@ async def test_the_official_client_streams_a_run(agui_client: Path) -> None:
     resolves with our output and the assistant message it built from our events."""
     with trio.fail_after(30):
         async with (
-            agui_server(lambda body: CHAT.stream(["Hel", "lo"])) as (_, _, url),
+            agui_server(lambda body: openai_stream(["Hel", "lo"], reasoning=["hm", "m"])) as (
+                _,
+                _,
+                url,
+            ),
             node_client(agui_client, url, "stream") as client,
         ):
             lines = await client.until("exit")
     events = events_of(lines)
     assert [e["type"] for e in events] == [
         "RUN_STARTED",
+        "REASONING_START",
+        "REASONING_MESSAGE_START",
+        "REASONING_MESSAGE_CONTENT",
+        "REASONING_MESSAGE_CONTENT",
+        "REASONING_MESSAGE_END",
+        "REASONING_END",
         "TEXT_MESSAGE_START",
         "TEXT_MESSAGE_CONTENT",
         "TEXT_MESSAGE_CONTENT",
@@ -145,7 +157,8 @@ async def test_the_official_client_streams_a_run(agui_client: Path) -> None:
     ]
     [done] = [line["done"] for line in lines if "done" in line]
     assert done["result"] == "Hello"
-    assert [(m["role"], m["content"]) for m in done["newMessages"]] == [("assistant", "Hello")]
+    said = [(m["role"], m["content"]) for m in done["newMessages"]]
+    assert said == [("reasoning", "hmm"), ("assistant", "Hello")]
     assert not [line for line in lines if "error" in line]
 
 

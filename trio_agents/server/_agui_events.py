@@ -7,6 +7,9 @@ fed the invocation's events in order and answers the AG-UI events they become:
 ours                          AG-UI
 ============================  =================================================================
 (the stream opens)            ``RUN_STARTED`` (``metadata.trio_agents.invocation_id``)
+``reasoning_delta``           ``REASONING_START``, ``REASONING_MESSAGE_START`` (first of a turn),
+                              ``REASONING_MESSAGE_CONTENT``; ``..._MESSAGE_END``,
+                              ``REASONING_END`` when the turn's text starts or it ends
 ``text_delta``                ``TEXT_MESSAGE_START`` (first delta of a turn), ``..._CONTENT``
 ``turn_finished``             ``TEXT_MESSAGE_END`` (a turn's text that came without deltas:
                               START, CONTENT, END at once); each tool call the model made:
@@ -38,6 +41,11 @@ from typing import Any, Final
 from ag_ui.core import (
     BaseEvent,
     Interrupt,
+    ReasoningEndEvent,
+    ReasoningMessageContentEvent,
+    ReasoningMessageEndEvent,
+    ReasoningMessageStartEvent,
+    ReasoningStartEvent,
     RunErrorEvent,
     RunFinishedEvent,
     RunFinishedInterruptOutcome,
@@ -61,6 +69,7 @@ from ..events import (
     CredentialRequested,
     Event,
     InvocationEnded,
+    ReasoningDelta,
     ResultRequested,
     StepFinished,
     TextDelta,
@@ -142,6 +151,7 @@ class Translator:
         self.run_id = run_id
         self.invocation_id = invocation_id
         self._text_open: dict[tuple[str, int], str] = {}  # (path, turn) -> message id
+        self._reasoning_open: dict[tuple[str, int], str] = {}
         self._text_seen: set[tuple[str, int]] = set()
         self._steps: list[str] = []  # started, not finished, in order
         self._steps_done: set[str] = set()
@@ -174,9 +184,22 @@ class Translator:
         path = getattr(event, "path", "")
         if path and not (isinstance(event, StepFinished) and event.path in self._steps_done):
             self._start_steps(path, out)
-        if isinstance(event, TextDelta):
+        if isinstance(event, ReasoningDelta):
             if event.text:
                 key = (event.path, event.turn)
+                rid = self._reasoning_open.get(key)
+                if rid is None:
+                    rid = f"{self._message_id(key)}.reasoning"
+                    self._reasoning_open[key] = rid
+                    out += [
+                        ReasoningStartEvent(message_id=rid, timestamp=_millis(event.at)),
+                        ReasoningMessageStartEvent(message_id=rid, role="reasoning"),
+                    ]
+                out.append(ReasoningMessageContentEvent(message_id=rid, delta=event.text))
+        elif isinstance(event, TextDelta):
+            if event.text:
+                key = (event.path, event.turn)
+                self._close_reasoning(key, out)
                 message_id = self._text_open.get(key)
                 if message_id is None:
                     message_id = self._message_id(key)
@@ -228,8 +251,14 @@ class Translator:
                 self._steps.append(step)
                 out.append(StepStartedEvent(step_name=step))
 
+    def _close_reasoning(self, key: tuple[str, int], out: list[BaseEvent]) -> None:
+        rid = self._reasoning_open.pop(key, None)
+        if rid is not None:
+            out += [ReasoningMessageEndEvent(message_id=rid), ReasoningEndEvent(message_id=rid)]
+
     def _turn(self, event: TurnFinished, out: list[BaseEvent]) -> None:
         key = (event.path, event.turn)
+        self._close_reasoning(key, out)
         message_id = self._text_open.pop(key, None)
         if message_id is not None:
             out.append(TextMessageEndEvent(message_id=message_id))
@@ -256,7 +285,10 @@ class Translator:
             out.append(ToolCallEndEvent(tool_call_id=call.id))
 
     def _close_open(self) -> list[BaseEvent]:
-        out: list[BaseEvent] = [TextMessageEndEvent(message_id=m) for m in self._text_open.values()]
+        out: list[BaseEvent] = []
+        for key in list(self._reasoning_open):
+            self._close_reasoning(key, out)
+        out += [TextMessageEndEvent(message_id=m) for m in self._text_open.values()]
         self._text_open.clear()
         out += [StepFinishedEvent(step_name=s) for s in reversed(self._steps)]
         self._steps.clear()
