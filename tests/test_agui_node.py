@@ -24,9 +24,11 @@ from typing import Any
 import pytest
 import trio
 
+import trio_agents as ta
+from trio_agents.models import ScriptedModel, ScriptedTurn
 from trio_agents.testing import openai_stream
 
-from ._server import ALICE, open_client
+from ._server import ALICE, open_client, open_server
 from ._wire import CHAT
 from .conftest import POSTGRES, only
 from .test_agui import EVENT, agui_server, deploying, store_url
@@ -98,13 +100,15 @@ class NodeClient:
 
 
 @asynccontextmanager
-async def node_client(where: Path, url: str, scenario: str) -> AsyncIterator[NodeClient]:
+async def node_client(
+    where: Path, url: str, scenario: str, app: str = "ops"
+) -> AsyncIterator[NodeClient]:
     env = {**os.environ, "SUPPRESS_TRANSFORMATION_WARNINGS": "true"}
     async with trio.open_nursery() as nursery:
         process: trio.Process = await nursery.start(
             partial(
                 trio.run_process,
-                ["node", str(where / "client.mjs"), f"{url}/ag-ui/ops", ALICE, scenario],
+                ["node", str(where / "client.mjs"), f"{url}/ag-ui/{app}", ALICE, scenario],
                 stdout=subprocess.PIPE,
                 env=env,
                 check=False,
@@ -252,3 +256,38 @@ async def test_the_official_client_resumes_an_interrupt(
     assert done["result"] == "done: deployed web"
     assert second[-1]["interrupts"] == []
     assert len(fake.requests) == 2
+
+
+async def test_the_official_client_takes_parallel_branches_interleaved(agui_client: Path) -> None:
+    """A ``Parallel`` workflow's branches stream at once: two steps and two text messages
+    open together, their events interleaved; the client accepts the stream and keeps each
+    branch's text in its own message."""
+    flow = ta.Parallel(
+        name="fan",
+        branches=[
+            ta.Agent(
+                name=name,
+                model=ScriptedModel([ScriptedTurn.text(text, pieces=4, delay=0.02)]),
+            )
+            for name, text in (("a", "aaaaaaaa"), ("b", "bbbbbbbb"))
+        ],
+    )
+    with trio.fail_after(30):
+        async with (
+            ta.Runner() as runner,
+            open_server([flow], runner=runner) as url,
+            node_client(agui_client, url, "stream", app="fan") as client,
+        ):
+            lines = await client.until("exit")
+    events = events_of(lines)
+    kinds = [e["type"] for e in events]
+    first_end = kinds.index("TEXT_MESSAGE_END")
+    assert kinds[:first_end].count("TEXT_MESSAGE_START") == 2  # both open at once
+    steps = [(e["type"], e["stepName"]) for e in events if e["type"].startswith("STEP_")]
+    assert sorted(steps) == sorted(
+        [(kind, step) for step in ("0:a", "1:b") for kind in ("STEP_STARTED", "STEP_FINISHED")]
+    )
+    [done] = [line["done"] for line in lines if "done" in line]
+    texts = sorted(m["content"] for m in done["newMessages"] if m["role"] == "assistant")
+    assert texts == ["aaaaaaaa", "bbbbbbbb"]
+    assert kinds[-1] == "RUN_FINISHED"
