@@ -20,14 +20,16 @@ import pydantic
 import pytest
 import trio
 from ag_ui.core import Event as AguiEvent
+from starlette.types import Message
 
 import trio_agents as ta
 from trio_agents.events import InvocationEnded
 from trio_agents.messages import ToolCall
 from trio_agents.models import ScriptedModel, ScriptedTurn
+from trio_agents.server import create_app
 from trio_agents.testing import FakeServer, ResponsePlan
 
-from ._server import BOB, open_client, open_server
+from ._server import ALICE, BOB, TOKENS, open_client, open_server
 from ._wire import CHAT
 from .conftest import POSTGRES, SQLITE, only
 
@@ -559,3 +561,66 @@ async def test_a_credential_is_an_interrupt_answered_by_its_payload() -> None:
         EVENT.validate_json(line[5:]) for line in raw.split(b"\n") if line[:5] == b"data:"
     ]
     assert events[-1].result == "here it is"
+
+
+async def test_the_request_lets_go_only_once_the_cancelled_run_has_stopped() -> None:
+    """Driven at the ASGI level, where the handler's return is visible: the client goes
+    away while a tool runs whose cleanup takes a while; the app's call returns only after
+    that cleanup ran and the ending (cancelled) is stored."""
+    cleaned: list[float] = []
+    gone = trio.Event()
+
+    @ta.tool
+    async def crunch() -> str:
+        """Crunch numbers for a long time."""
+        gone.set()  # the client aborts while the tool runs
+        try:
+            await trio.sleep_forever()
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.sleep(0.3)
+                cleaned.append(trio.current_time())
+
+    model = ScriptedModel([ScriptedTurn.call("crunch", id="c0"), "unreached"])
+    agent = ta.Agent(name="cruncher", model=model, tools=[crunch])
+    request = json.dumps(run_input()).encode()
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/ag-ui/cruncher",
+        "raw_path": b"/ag-ui/cruncher",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"authorization", f"Bearer {ALICE}".encode()),
+            (b"content-type", b"application/json"),
+        ],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+    }
+    bodies: list[Message] = [{"type": "http.request", "body": request, "more_body": False}]
+
+    async def receive() -> Message:
+        if bodies:
+            return bodies.pop()
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        pass
+
+    with trio.fail_after(20):
+        async with ta.Runner() as runner:
+            app = create_app([agent], runner=runner, tokens=TOKENS)
+            await app(scope, receive, send)
+            returned_at = trio.current_time()
+            running = runner.running()  # when the call returned
+            records = await runner.store.list_invocations()
+    assert running == []
+    [record] = records
+    assert record.status == "cancelled"
+    assert len(cleaned) == 1
+    assert cleaned[0] <= returned_at
