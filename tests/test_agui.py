@@ -23,7 +23,7 @@ from ag_ui.core import Event as AguiEvent
 from starlette.types import Message
 
 import trio_agents as ta
-from trio_agents.events import InvocationEnded
+from trio_agents.events import InvocationEnded, InvocationStarted
 from trio_agents.messages import ToolCall
 from trio_agents.models import ScriptedModel, ScriptedTurn
 from trio_agents.server import create_app
@@ -624,3 +624,39 @@ async def test_the_request_lets_go_only_once_the_cancelled_run_has_stopped() -> 
     assert record.status == "cancelled"
     assert len(cleaned) == 1
     assert cleaned[0] <= returned_at
+
+
+@only(POSTGRES)
+async def test_a_paused_interrupt_is_resumed_on_another_instance(
+    store_kind: str, postgres_target: tuple[str, str] | None, tmp_path: Path
+) -> None:
+    """Two servers on one PostgreSQL: the run pauses on its approval on A; the thread's next
+    input, sent to B, answers it, and B resumes and streams the rest."""
+    store = store_url(store_kind, postgres_target, tmp_path)
+    with trio.fail_after(30):
+        async with (
+            CHAT.server(responder=deploying) as fake,
+            CHAT.model(fake) as model,
+            ta.Runner(store=store, approval_timeout=0) as runner_a,
+            ta.Runner(store=store, approval_timeout=0) as runner_b,
+            open_server([ta.Agent(name="ops", model=model, tools=[deploy])], runner=runner_a) as a,
+            open_server([ta.Agent(name="ops", model=model, tools=[deploy])], runner=runner_b) as b,
+            open_client(a) as alice_a,
+            open_client(b) as alice_b,
+        ):
+            async with alice_a.stream("POST", "/ag-ui/ops", json=run_input()) as response:
+                first = await read_events(response)
+            iid = first[0].metadata["trio_agents"]["invocation_id"]
+            if runner_a.is_active(iid):
+                await runner_a.get(iid).wait()
+            [interrupt] = first[-1].outcome.interrupts
+            resume = [{"interruptId": interrupt.id, "status": "resolved"}]
+            body = run_input(run="r2", resume=resume)
+            async with alice_b.stream("POST", "/ag-ui/ops", json=body) as response:
+                second = await read_events(response)
+            record = await runner_a.store.get_invocation(iid)
+            journal = await runner_a.store.load_events(iid)
+    assert second[-1].result == "done: deployed api"
+    assert record.status == "completed"
+    resumed = [e for e in journal if isinstance(e, InvocationStarted) and e.resumed]
+    assert [e.owner for e in resumed] == [runner_b.owner]
