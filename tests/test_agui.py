@@ -660,3 +660,48 @@ async def test_a_paused_interrupt_is_resumed_on_another_instance(
     assert record.status == "completed"
     resumed = [e for e in journal if isinstance(e, InvocationStarted) and e.resumed]
     assert [e.owner for e in resumed] == [runner_b.owner]
+
+
+async def test_two_approvals_of_one_turn_are_two_interrupts_answered_together() -> None:
+    """Both calls of the turn are in the one interrupt outcome; ``resume[]`` approves one
+    and denies the other; leaving one out is 422 ``missing_resume``."""
+
+    def two_calls(body: Any) -> ResponsePlan:
+        if CHAT.last_is_tool_output(body):
+            return CHAT.stream("done")
+        return CHAT.stream(
+            tool_calls=[
+                ToolCall(id="c1", name="deploy", arguments='{"service": "api"}'),
+                ToolCall(id="c2", name="deploy", arguments='{"service": "db"}'),
+            ]
+        )
+
+    with trio.fail_after(20):
+        async with (
+            agui_server(two_calls) as (_, _, url),
+            open_client(url) as alice,
+        ):
+            async with alice.stream("POST", "/ag-ui/ops", json=run_input()) as response:
+                first = await read_events(response)
+            interrupts = first[-1].outcome.interrupts
+            by_call = {i.tool_call_id: i.id for i in interrupts}
+            only_one = [{"interruptId": by_call["c1"], "status": "resolved"}]
+            partial_answer = await alice.post(
+                "/ag-ui/ops", json=run_input(run="r2", resume=only_one)
+            )
+            both = [
+                *only_one,
+                {"interruptId": by_call["c2"], "status": "resolved", "payload": False},
+            ]
+            async with alice.stream(
+                "POST", "/ag-ui/ops", json=run_input(run="r3", resume=both)
+            ) as response:
+                second = await read_events(response)
+    assert sorted(by_call) == ["c1", "c2"]
+    assert partial_answer.status_code == 422
+    assert partial_answer.json()["error"]["code"] == "missing_resume"
+    assert by_call["c2"] in partial_answer.json()["error"]["message"]
+    results = {e.tool_call_id: e.content for e in second if e.type.value == "TOOL_CALL_RESULT"}
+    assert results["c1"] == "deployed api"
+    assert "not approved" in results["c2"]
+    assert second[-1].result == "done"

@@ -88,6 +88,7 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request
 from starlette.routing import BaseRoute, Route
 
+from .. import approvals
 from .._exceptions import InvocationNotFound, LeaseError, StoreError, UsageError
 from ..events import EventId, InvocationEnded, event_id
 from ..runner import Runner
@@ -267,8 +268,10 @@ class AguiFrames:
 
     async def _pull(self) -> None:
         try:
-            event = await self._next()
+            await self._step()
         except Exception as exc:  # a store failure: say so in the one terminal event
+            if isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
+                exc = exc.exceptions[0]  # from the nursery of _next
             logger.warning("cannot follow invocation %s: %r", self._id, exc)
             self.finished = True
             why = "the store could not answer" if isinstance(exc, StoreError) else "an error"
@@ -280,10 +283,26 @@ class AguiFrames:
                     None,
                 )
             )
-            return
+
+    async def _step(self) -> None:
+        event = await self._next()
         if event is _PARKED:
+            # The store says which gates are open: the follower may not have read every
+            # request of the turn yet when the flag is seen.
+            store = self._runner.store
+            journal = await store.load_events(self._id)
+            self._tr.learn(journal)
+            decided = {d.approval_id for d in await store.decisions(self._id)}
+            gates = [
+                gate
+                for gate, info in approvals.tally(journal).items()
+                if info.state == "open" and gate not in decided
+            ]
+            if not gates:  # answered meanwhile: it is about to go on
+                await trio.sleep(PARKED_POLL)
+                return
             self.finished = True
-            self._emit(self._tr.interrupted())
+            self._emit(self._tr.interrupted(gates))
             return
         if event is _END:
             self.finished = True
