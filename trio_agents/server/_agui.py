@@ -46,7 +46,8 @@ Interrupts (human in the loop)
     * an approval, ``status: "resolved"``: ``payload`` absent or ``true`` approves,
       ``false`` denies, ``{"approved": bool, "arguments": {...}, "reason": "..."}`` approves
       with edited arguments or denies with a reason; ``status: "cancelled"`` denies;
-    * a long-running result: ``payload`` is the result (``"cancelled"``: an error result);
+    * a long-running result: ``payload`` is the result (``status: "cancelled"``: an error
+      result);
     * a credential: ``payload`` is the credential (a string).
 
     While the run waits, its thread is busy: a new message on it is 409 ``session_busy``.
@@ -59,9 +60,12 @@ Interrupts (human in the loop)
 
 Detecting *parked*: the approvals of a turn are journaled, then the wait begins.  While the
 stream has open gates and the invocation runs here, it checks every 20 ms whether the
-invocation waits on a gate (an in-memory flag); it does not guess from timing.  An
-invocation that runs in another process (taken over after a crash) is followed through the
-store: its stream ends with the interrupt when it pauses (``approval_timeout``).
+invocation waits on a gate (an in-memory flag); it does not guess from timing.  The
+interrupts are then the gates the store holds open (the follower may not have read every
+request of the turn yet).  An invocation that runs in another process (taken over after a
+crash) is followed through the store: its stream ends with the interrupt when it pauses
+(``approval_timeout``).  A pause that raced the answers of a resume (every gate it names
+answered) is resumed and followed on, not reported as an interrupt again.
 
 Who owns what: the request's task owns nothing of the invocation (which runs in the
 runner's nursery) but its follower; sse-starlette's task group owns the follower, the
