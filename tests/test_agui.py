@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
@@ -34,6 +36,7 @@ from ._wire import CHAT
 from .conftest import POSTGRES, SQLITE, only
 
 EVENT = pydantic.TypeAdapter(AguiEvent)
+ROOT = str(Path(__file__).resolve().parent.parent)
 
 
 @ta.tool(requires_approval=True)
@@ -705,3 +708,15 @@ async def test_two_approvals_of_one_turn_are_two_interrupts_answered_together() 
     assert results["c1"] == "deployed api"
     assert "not approved" in results["c2"]
     assert second[-1].result == "done"
+
+
+async def test_the_agui_models_are_imported_on_first_use() -> None:
+    """A server that never speaks AG-UI does not import ``ag_ui`` (its models take about as
+    long to import as the rest of the web stack)."""
+    code = "import sys, trio_agents.server; print('ag_ui' in sys.modules)"
+    done = await trio.run_process(
+        [sys.executable, "-c", code],
+        capture_stdout=True,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
+    assert done.stdout.decode().strip() == "False"
