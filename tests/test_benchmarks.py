@@ -88,6 +88,11 @@ EXPECTED = {
         r"\| 20 \| \d+ \| \d+ \| \d+ \| \d+ \| [\d.]+ / [\d.]+ / [\d.]+ \| \d+ \| \d+ / \d+ \|"
         r" \d+ \| [\d.]+ \| [\d.]+ \| \d+% \| \d+, \d+ ms \| \d+ / \d+ \|"
     ],
+    "agui": [
+        r"native +\d+ events/s +server CPU +[\d.]+ us/event",
+        r"ag-ui +\d+ events/s +server CPU +[\d.]+ us/event",
+        r"ag-ui / native: [\d.]+x events/s, [\d.]+x CPU",
+    ],
     "parked": [
         r"memory per parked invocation: [\d.]+ KiB Python \(RSS -?[\d.]+ KiB\)",
         r"start: [\d.]+ s \([\d.]+ us/start\)",

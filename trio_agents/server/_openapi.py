@@ -56,6 +56,35 @@ SSE = {
 }
 
 
+AGUI_SSE = {
+    "description": "text/event-stream: AG-UI 1.0 events, one `data:` frame each (no `event:` "
+    "names): RUN_STARTED first, then exactly one terminal event: RUN_FINISHED (outcome "
+    "success or interrupt) or RUN_ERROR (code `cancelled` for a cancelled run)",
+    "content": {
+        "text/event-stream": {
+            "schema": {
+                "description": "one SSE event; `data` is an AG-UI event's JSON (camelCase)",
+                "type": "object",
+                "required": ["data"],
+                "properties": {"data": {"type": "string", "contentMediaType": "application/json"}},
+            }
+        }
+    },
+}
+AGUI_INPUT = {
+    "description": "AG-UI RunAgentInput (camelCase); see docs/guide-agui.md for what is read",
+    "type": "object",
+    "required": ["threadId", "runId", "messages"],
+    "properties": {
+        "threadId": ID,
+        "runId": {"type": "string"},
+        "messages": {"type": "array", "items": OBJ},
+        "resume": {"type": "array", "items": OBJ},
+        "forwardedProps": OBJ,
+    },
+}
+
+
 def errors(*statuses: int) -> dict[str, Any]:
     meaning = {
         400: "bad request: malformed JSON, an id or event id that breaks its pattern, a NUL "
@@ -462,6 +491,16 @@ def document(apps: list[str]) -> dict[str, Any]:
                 "The gates an invocation opened, with their states",
                 {"200": json_body(ref("Approvals"), "the gates"), **errors(400, 404)},
                 params=ip,
+            )
+        },
+        "/ag-ui/{app}": {
+            "post": op(
+                "Run the app over the AG-UI protocol: RunAgentInput in, AG-UI events out (SSE); "
+                "closing the request cancels the run unless forwardedProps.on_disconnect is "
+                "continue; resume[] answers the interrupts of the thread's last run",
+                {"200": AGUI_SSE, **errors(400, 404, 409, 413, 415, 422, 429)},
+                params=path_params("app"),
+                body=AGUI_INPUT,
             )
         },
         "/invocations/{invocation_id}/approvals/{approval_id}": {
