@@ -140,8 +140,12 @@ def register(app: typer.Typer) -> None:
             typer.Argument(metavar="AGENTS", help="module:attribute of each Agent (or workflow)"),
         ],
         store: StoreOption = DEFAULT_STORE,
-        host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
-        port: Annotated[int, typer.Option(min=0, max=65535, help="0 takes a free port")] = 8000,
+        host: Annotated[
+            str, typer.Option(metavar="HOST", help="address to listen on")
+        ] = "127.0.0.1",
+        port: Annotated[
+            int, typer.Option(min=0, max=65535, metavar="PORT", help="0 takes a free port")
+        ] = 8000,
         tokens: Annotated[
             str | None,
             typer.Option(
@@ -153,30 +157,38 @@ def register(app: typer.Typer) -> None:
         insecure_dev: Annotated[
             bool,
             typer.Option(
-                help="serve without tokens, on 127.0.0.1 only (every request is the user it names)"
+                "--insecure-dev",
+                help="serve without tokens, on 127.0.0.1 only (every request is the user it names)",
             ),
         ] = False,
         cors_origin: Annotated[
-            list[str] | None, typer.Option(help="allow this origin (repeatable)")
+            list[str] | None, typer.Option(metavar="ORIGIN", help="allow this origin (repeatable)")
         ] = None,
-        max_active_per_user: Annotated[int, typer.Option(min=1)] = 8,
+        max_active_per_user: Annotated[
+            int, typer.Option(min=1, metavar="N", help="invocations one user may run at once")
+        ] = 8,
         lease_ttl: Annotated[
             float,
             typer.Option(
                 min=1.0,
+                metavar="SECONDS",
                 help="seconds an invocation's lease lasts: how soon another instance may "
                 "resume the invocations of one that died",
             ),
         ] = 30.0,
-        ui: Annotated[
-            bool, typer.Option(help="serve the dev UI at / (a page to chat, stop and approve)")
-        ] = True,
+        no_ui: Annotated[
+            bool,
+            typer.Option(
+                "--no-ui", help="leave out the dev UI (served at / otherwise: chat, stop, approve)"
+            ),
+        ] = False,
         recover: RecoverOption = RecoverChoice.resume,
         otel: Annotated[
             bool,
             typer.Option(
+                "--otel",
                 help="trace and measure with OpenTelemetry, exported as the standard OTEL_* "
-                "variables say (needs trio-agents[otel])"
+                "variables say (needs trio-agents[otel])",
             ),
         ] = False,
     ) -> None:
@@ -205,7 +217,7 @@ def register(app: typer.Typer) -> None:
                 max_active_per_user=max_active_per_user,
                 lease_ttl=lease_ttl,
                 recover=recover.value,
-                ui=ui,
+                ui=not no_ui,
                 otel=otel,
             )
             return 0
