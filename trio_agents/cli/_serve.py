@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Sequence
 from functools import partial
@@ -136,9 +137,11 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def serve(
         agents: Annotated[
-            list[str],
-            typer.Argument(metavar="AGENTS", help="module:attribute of each Agent (or workflow)"),
-        ],
+            list[str] | None,
+            typer.Argument(
+                metavar="[AGENTS]...", help="module:attribute of each Agent (or workflow)"
+            ),
+        ] = None,
         store: StoreOption = DEFAULT_STORE,
         host: Annotated[
             str, typer.Option(metavar="HOST", help="address to listen on")
@@ -183,6 +186,14 @@ def register(app: typer.Typer) -> None:
             ),
         ] = False,
         recover: RecoverOption = RecoverChoice.resume,
+        demo: Annotated[
+            bool,
+            typer.Option(
+                "--demo",
+                help="serve the offline demo agent (a fake model on 127.0.0.1, no API key; "
+                "without tokens it serves as --insecure-dev)",
+            ),
+        ] = False,
         otel: Annotated[
             bool,
             typer.Option(
@@ -193,33 +204,48 @@ def register(app: typer.Typer) -> None:
         ] = False,
     ) -> None:
         """Serve agents over HTTP, SSE and WebSocket, with the dev UI at /, until SIGTERM or
-        Ctrl-C."""
+        Ctrl-C.  Try it offline with `trio-agents serve --demo`."""
 
         async def main() -> int:
-            loaded = [load_agent(spec) for spec in agents]
+            if demo and agents:
+                raise UsageError("give the agents to serve or --demo, not both")
+            if not demo and not agents:
+                raise UsageError(
+                    "name the agents to serve (module:attribute), or try the offline demo: "
+                    "trio-agents serve --demo"
+                )
             found = load_tokens(tokens)
-            if not found and not insecure_dev:
+            dev = insecure_dev or (demo and not found)
+            if not found and not dev:
                 raise UsageError(
                     "no bearer tokens: give --tokens FILE or set $TRIO_AGENTS_TOKENS "
                     "('token=user,...'), or serve on 127.0.0.1 without them with --insecure-dev"
                 )
-            if insecure_dev and host not in LOOPBACK:
-                raise UsageError(f"--insecure-dev serves on 127.0.0.1 only, not on {host!r}")
-            await serve_agents(
-                console(),
-                loaded,
-                store=store,
-                host=host,
-                port=port,
-                tokens=found,
-                insecure_dev=insecure_dev,
-                cors_origins=cors_origin or [],
-                max_active_per_user=max_active_per_user,
-                lease_ttl=lease_ttl,
-                recover=recover.value,
-                ui=not no_ui,
-                otel=otel,
-            )
+            if dev and host not in LOOPBACK:
+                flag = "--insecure-dev" if insecure_dev else "--demo without tokens"
+                raise UsageError(f"{flag} serves on 127.0.0.1 only, not on {host!r}")
+            async with contextlib.AsyncExitStack() as stack:
+                if demo:
+                    from .._demo import open_demo_agent
+
+                    loaded: list[AgentLike] = [await stack.enter_async_context(open_demo_agent())]
+                else:
+                    loaded = [load_agent(spec) for spec in agents or ()]
+                await serve_agents(
+                    console(),
+                    loaded,
+                    store=store,
+                    host=host,
+                    port=port,
+                    tokens=found,
+                    insecure_dev=dev,
+                    cors_origins=cors_origin or [],
+                    max_active_per_user=max_active_per_user,
+                    lease_ttl=lease_ttl,
+                    recover=recover.value,
+                    ui=not no_ui,
+                    otel=otel,
+                )
             return 0
 
         execute(main)
