@@ -231,7 +231,11 @@ class Chat:
             text = line.strip()
             if self.questions:
                 await self._answer(text)
-            elif text:
+            elif text:  # nothing echoes a pipe: the line read is written, as the person's
+                if self.waiting:
+                    self.out.print(escape(text))
+                else:
+                    self._line(PROMPT + escape(text))
                 self.waiting = False
                 await self.loop.send(text)
             elif not self.busy():
@@ -423,7 +427,7 @@ def register(app: typer.Typer) -> None:
     def chat(
         agent: Annotated[
             str | None,
-            typer.Argument(metavar="[AGENT]", help="module:attribute of an Agent"),
+            typer.Argument(metavar="AGENT", help="module:attribute of an Agent"),
         ] = None,
         session: Annotated[
             str | None, typer.Option(help="continue this conversation (default: a new one)")

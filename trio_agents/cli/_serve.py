@@ -138,9 +138,7 @@ def register(app: typer.Typer) -> None:
     def serve(
         agents: Annotated[
             list[str] | None,
-            typer.Argument(
-                metavar="[AGENTS]...", help="module:attribute of each Agent (or workflow)"
-            ),
+            typer.Argument(metavar="AGENTS", help="module:attribute of each Agent (or workflow)"),
         ] = None,
         store: StoreOption = DEFAULT_STORE,
         host: Annotated[
