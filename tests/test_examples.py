@@ -8,11 +8,20 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 
-ROOT = Path(__file__).resolve().parent.parent
+from trio_agents.messages import ToolCall
+from trio_agents.testing import (
+    FakeServer,
+    ResponsePlan,
+    open_fake_openai_server,
+    openai_stream,
+)
+
+from .test_cli import ROOT, command
 
 
 async def run_example(tmp_path: Path, name: str, *args: str) -> str:
@@ -125,3 +134,101 @@ async def test_stop_button_stops_mid_answer_and_resumes(tmp_path: Path) -> None:
     assert 0 < len(stopped[1]) < len(ANSWER)
     assert ANSWER.startswith(stopped[1])
     assert re.search(r"-> resumed \w+: completed: ", out), out
+
+
+async def run_command(
+    tmp_path: Path, server: FakeServer, *args: str, stdin: bytes = b""
+) -> tuple[int, str]:
+    """``trio-agents ARGS`` in ``tmp_path`` against ``server`` (the only model endpoint);
+    its exit status and stdout."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "TRIO_AGENTS_"))}
+    env.update(PYTHONPATH=str(ROOT), OPENAI_API_KEY="sk-test", OPENAI_BASE_URL=server.base_url)
+    with trio.fail_after(60):
+        done = await trio.run_process(
+            [*command(), *args, "--store", f"sqlite:///{tmp_path / 'agents.db'}"],
+            cwd=tmp_path,
+            env=env,
+            stdin=stdin,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    return done.returncode, done.stdout.decode() + done.stderr.decode()
+
+
+@pytest.mark.slow
+async def test_weather_agent_runs_its_tool(tmp_path: Path) -> None:
+    """`trio-agents run examples.weather:agent ...`: the tool runs, the model gets its result."""
+    call = ToolCall(id="call_1", name="get_weather", arguments='{"city": "Paris"}')
+    async with open_fake_openai_server() as server:
+        server.enqueue(openai_stream(tool_calls=[call]), openai_stream(["Take ", "an umbrella."]))
+        status, out = await run_command(tmp_path, server, "run", "examples.weather:agent", "Paris?")
+    assert status == 0, out
+    assert "← get_weather: 14 °C and light rain in Paris" in out
+    assert "Take an umbrella." in out
+    tool = [m for m in server.requests[1].json["messages"] if m["role"] == "tool"]
+    assert tool[0]["content"] == "14 °C and light rain in Paris"
+
+
+@pytest.mark.slow
+async def test_deploy_agent_asks_before_it_deploys(tmp_path: Path) -> None:
+    """`trio-agents run examples.deploy:agent ...`: asked first; `y` deploys."""
+    call = ToolCall(id="call_1", name="deploy", arguments='{"service": "api"}')
+    async with open_fake_openai_server() as server:
+        server.enqueue(openai_stream(tool_calls=[call]), openai_stream(["Shipped."]))
+        status, out = await run_command(
+            tmp_path, server, "run", "examples.deploy:agent", "Ship api", stdin=b"y\n"
+        )
+    assert status == 0, out
+    assert 'approve deploy({"service": "api"})?' in out
+    assert "← deploy: api is deployed" in out
+    assert "Shipped." in out
+
+
+@pytest.mark.slow
+async def test_summarize_agent_answers_a_batch(tmp_path: Path) -> None:
+    """`trio-agents batch examples/jobs.jsonl --agent examples.summarize:agent`: one outcome
+    line per job, each the answer to its own prompt."""
+
+    def answer(body: Any) -> ResponsePlan:
+        prompt = [m for m in body["messages"] if m["role"] == "user"][-1]["content"]
+        return openai_stream(["In short: ", prompt])
+
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text((ROOT / "examples" / "jobs.jsonl").read_text())
+    async with open_fake_openai_server(responder=answer) as server:
+        status, out = await run_command(
+            tmp_path,
+            server,
+            "batch",
+            str(jobs),
+            "--agent",
+            "examples.summarize:agent",
+            "--out",
+            str(tmp_path / "answers.jsonl"),
+        )
+    assert status == 0, out
+    lines = [json.loads(line) for line in (tmp_path / "answers.jsonl").read_text().splitlines()]
+    prompts = {j["key"]: j["prompt"] for j in map(json.loads, jobs.read_text().splitlines())}
+    assert {line["key"]: line["output"] for line in lines} == {
+        key: f"In short: {prompt}" for key, prompt in prompts.items()
+    }
+
+
+# Each example, and the test here that runs it offline: an example without one fails this.
+RUN_BY = {
+    "research": test_research_runs_its_tools_in_parallel,
+    "deploy_over_http": test_deploy_over_http_approved,
+    "batch_script": test_batch_script_rerun_skips_completed_jobs,
+    "live_chat": test_live_chat_second_message_preempts_the_first,
+    "service": test_service_shuts_down_gracefully_and_resumes,
+    "stop_button": test_stop_button_stops_mid_answer_and_resumes,
+    "weather": test_weather_agent_runs_its_tool,
+    "deploy": test_deploy_agent_asks_before_it_deploys,
+    "summarize": test_summarize_agent_answers_a_batch,
+}
+
+
+def test_every_example_is_run_here() -> None:
+    found = {p.stem for p in (ROOT / "examples").glob("*.py") if p.stem != "__init__"}
+    assert found == set(RUN_BY), f"examples with no test: {sorted(found - set(RUN_BY))}"

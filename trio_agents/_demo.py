@@ -8,6 +8,8 @@ after ``invocation.cancel()``.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
@@ -42,6 +44,17 @@ async def get_weather(city: str) -> str:
     return f"Sunny and 21 °C in {city}"
 
 
+@tool(requires_approval=True)
+async def deploy(service: str) -> str:
+    """Deploy a service to production (pretend: nothing leaves this machine).
+
+    Args:
+        service: the service's name, e.g. "api".
+    """
+    await trio.sleep(0.05)
+    return f"{service} is deployed"
+
+
 def _responder(body: Any) -> ResponsePlan:
     """Plays the model: answers by the first user message and the conversation so far."""
     messages = body.get("messages", []) if isinstance(body, dict) else []
@@ -60,6 +73,48 @@ def _responder(body: Any) -> ResponsePlan:
     return openai_stream(
         ["Hello! ", "I am streamed ", "token by token ", "over real HTTP."], delay=0.05
     )
+
+
+def chat_responder(body: Any) -> ResponsePlan:
+    """Plays the model of a conversation (``serve --demo``, ``chat --demo``): answers the
+    *last* user message - "weather" calls a tool, "deploy" calls a tool that asks a person
+    first, "essay" or "story" streams for a while (something to stop), anything else says
+    hello and repeats the message."""
+    messages = body.get("messages", []) if isinstance(body, dict) else []
+    users = [m.get("content", "") for m in messages if m.get("role") == "user"]
+    question = str(users[-1]) if users else ""
+    last = messages[-1] if messages else {}
+    if last.get("role") == "tool":
+        return openai_stream(["Done: ", str(last.get("content", "")), "."], delay=0.02)
+    lowered = question.lower()
+    if "weather" in lowered:
+        call = ToolCall(id="call_1", name="get_weather", arguments='{"city": "Paris"}')
+        return openai_stream(tool_calls=[call], delay=0.02)
+    if "deploy" in lowered:
+        call = ToolCall(id="call_1", name="deploy", arguments='{"service": "api"}')
+        return openai_stream(tool_calls=[call], delay=0.02)
+    if "essay" in lowered or "story" in lowered:
+        return openai_stream([w + " " for w in ESSAY.split(" ")], delay=0.05)
+    return openai_stream(
+        ["Hello! ", "This is the offline demo model; ", "you said: ", question], delay=0.05
+    )
+
+
+@asynccontextmanager
+async def open_demo_agent() -> AsyncIterator[Agent]:
+    """An agent named ``demo`` whose model is the fake server above (:func:`chat_responder`),
+    on 127.0.0.1 for as long as the block runs: ``serve --demo`` and ``chat --demo``.  The
+    block owns the server and the model's HTTP client; leaving closes both."""
+    async with (
+        open_fake_openai_server(responder=chat_responder) as server,
+        OpenAIChat("demo-model", base_url=server.base_url, api_key="offline-demo") as model,
+    ):
+        yield Agent(
+            name="demo",
+            model=model,
+            instructions="You are the offline demo. Ask about the weather, a deploy or an essay.",
+            tools=[get_weather, deploy],
+        )
 
 
 async def _show(console: Console, inv: Invocation, *, limit: int | None = None) -> int:

@@ -58,6 +58,7 @@ StoreOption = Annotated[
     typer.Option(
         "--store",
         envvar="TRIO_AGENTS_STORE",
+        metavar="URL",
         help="Where invocations are journaled: sqlite:///PATH, postgresql://... or memory://",
     ),
 ]

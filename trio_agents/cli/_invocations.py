@@ -34,10 +34,12 @@ from ..events import (
 from ..runner import Runner
 from ..stores._base import InvocationRecord, Store
 from ..stores._open import open_store
+from ..turnloop import loop_id
 from ._common import DEFAULT_STORE, Exit, StoreOption, console, execute, load_agent
 
 __all__ = ["existing_store", "register", "when"]
 
+LOOP_PREFIX = loop_id("")
 _STATUSES = ("running", "completed", "failed", "cancelled", "paused")
 
 
@@ -146,11 +148,7 @@ async def _ls(
     if status is not None and status not in _STATUSES:
         raise UsageError(f"--status must be one of {', '.join(_STATUSES)}, got {status!r}")
     async with existing_store(store_url) as store:
-        records = await store.list_invocations(
-            status=status,  # type: ignore[arg-type]
-            session_id=session,
-            limit=limit,
-        )
+        records = await _invocations(store, status, session, limit)
     out = console()
     if as_json:
         out.print_json(json.dumps([record_json(r) for r in records]))
@@ -158,20 +156,64 @@ async def _ls(
     if not records:
         out.print(f"no invocations in {store_url}")
         return Exit.COMPLETED
-    table = Table(title=f"invocations in {store_url}", title_justify="left")
-    for column in ("id", "agent", "status", "created", "session", "input"):
-        table.add_column(column, overflow="fold" if column == "id" else "ellipsis")
+    # Ids are never wrapped nor cut (a person copies them); the agent, session and input
+    # columns share what the width leaves, cut with an ellipsis.
+    id_width = max(len(r.id) for r in records)
+    agent_width = min(12, max(5, *(len(r.agent) for r in records)))
+    rest = max(12, out.width - id_width - agent_width - 9 - 8 - 10)
+    session_width = min(max(7, *(len(r.session_id or "-") for r in records)), max(7, rest // 2))
+    table = Table(
+        title=f"invocations in {store_url}",
+        title_justify="left",
+        box=None,
+        pad_edge=False,
+        header_style="bold underline",
+    )
+    table.add_column("id", no_wrap=True, min_width=id_width)
+    table.add_column("agent", no_wrap=True, overflow="ellipsis", width=agent_width)
+    table.add_column("status", no_wrap=True, min_width=9)
+    table.add_column("created", no_wrap=True, min_width=8)
+    table.add_column("session", no_wrap=True, overflow="ellipsis", width=session_width)
+    table.add_column("input", no_wrap=True, overflow="ellipsis", width=rest - session_width)
     for r in records:
         table.add_row(
             r.id,
-            r.agent,
+            escape(r.agent),
             _status("orphaned" if orphaned(r) else r.status),
-            when(r.created_at),
-            r.session_id or "-",
+            _when_short(r.created_at),
+            escape(r.session_id or "-"),
             escape(_short(r.input)),
         )
     out.print(table)
     return Exit.COMPLETED
+
+
+async def _invocations(
+    store: Store, status: str | None, session: str | None, limit: int
+) -> list[InvocationRecord]:
+    """The newest ``limit`` invocations (as filtered), without the turn loops' own records
+    (``loop:<session>``: a conversation, listed by ``sessions ls``, not a run)."""
+    asked = limit
+    while True:
+        records = await store.list_invocations(
+            status=status,  # type: ignore[arg-type]
+            session_id=session,
+            limit=asked,
+        )
+        runs = [r for r in records if not r.id.startswith(LOOP_PREFIX)]
+        if len(runs) >= limit or len(records) < asked:
+            return runs[:limit]
+        asked *= 4
+
+
+def _when_short(at: float) -> str:
+    """``HH:MM:SS`` today, ``MM-DD HH:MM`` before, ``YYYY-MM-DD`` another year."""
+    if not at:
+        return "-"
+    then, now = datetime.fromtimestamp(at), datetime.now()
+    if then.date() == now.date():
+        return then.strftime("%H:%M:%S")
+    return then.strftime("%m-%d %H:%M" if then.year == now.year else "%Y-%m-%d")
 
 
 def _status(status: str) -> str:

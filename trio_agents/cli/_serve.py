@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Sequence
 from functools import partial
@@ -136,12 +137,16 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def serve(
         agents: Annotated[
-            list[str],
+            list[str] | None,
             typer.Argument(metavar="AGENTS", help="module:attribute of each Agent (or workflow)"),
-        ],
+        ] = None,
         store: StoreOption = DEFAULT_STORE,
-        host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
-        port: Annotated[int, typer.Option(min=0, max=65535, help="0 takes a free port")] = 8000,
+        host: Annotated[
+            str, typer.Option(metavar="HOST", help="address to listen on")
+        ] = "127.0.0.1",
+        port: Annotated[
+            int, typer.Option(min=0, max=65535, metavar="PORT", help="0 takes a free port")
+        ] = 8000,
         tokens: Annotated[
             str | None,
             typer.Option(
@@ -153,61 +158,92 @@ def register(app: typer.Typer) -> None:
         insecure_dev: Annotated[
             bool,
             typer.Option(
-                help="serve without tokens, on 127.0.0.1 only (every request is the user it names)"
+                "--insecure-dev",
+                help="serve without tokens, on 127.0.0.1 only (every request is the user it names)",
             ),
         ] = False,
         cors_origin: Annotated[
-            list[str] | None, typer.Option(help="allow this origin (repeatable)")
+            list[str] | None, typer.Option(metavar="ORIGIN", help="allow this origin (repeatable)")
         ] = None,
-        max_active_per_user: Annotated[int, typer.Option(min=1)] = 8,
+        max_active_per_user: Annotated[
+            int, typer.Option(min=1, metavar="N", help="invocations one user may run at once")
+        ] = 8,
         lease_ttl: Annotated[
             float,
             typer.Option(
                 min=1.0,
+                metavar="SECONDS",
                 help="seconds an invocation's lease lasts: how soon another instance may "
                 "resume the invocations of one that died",
             ),
         ] = 30.0,
-        ui: Annotated[
-            bool, typer.Option(help="serve the dev UI at / (a page to chat, stop and approve)")
-        ] = True,
+        no_ui: Annotated[
+            bool,
+            typer.Option(
+                "--no-ui", help="leave out the dev UI (served at / otherwise: chat, stop, approve)"
+            ),
+        ] = False,
         recover: RecoverOption = RecoverChoice.resume,
+        demo: Annotated[
+            bool,
+            typer.Option(
+                "--demo",
+                help="serve the offline demo agent (a fake model on 127.0.0.1, no API key; "
+                "without tokens it serves as --insecure-dev)",
+            ),
+        ] = False,
         otel: Annotated[
             bool,
             typer.Option(
+                "--otel",
                 help="trace and measure with OpenTelemetry, exported as the standard OTEL_* "
-                "variables say (needs trio-agents[otel])"
+                "variables say (needs trio-agents[otel])",
             ),
         ] = False,
     ) -> None:
         """Serve agents over HTTP, SSE and WebSocket, with the dev UI at /, until SIGTERM or
-        Ctrl-C."""
+        Ctrl-C.  Try it offline with `trio-agents serve --demo`."""
 
         async def main() -> int:
-            loaded = [load_agent(spec) for spec in agents]
+            if demo and agents:
+                raise UsageError("give the agents to serve or --demo, not both")
+            if not demo and not agents:
+                raise UsageError(
+                    "name the agents to serve (module:attribute), or try the offline demo: "
+                    "trio-agents serve --demo"
+                )
             found = load_tokens(tokens)
-            if not found and not insecure_dev:
+            dev = insecure_dev or (demo and not found)
+            if not found and not dev:
                 raise UsageError(
                     "no bearer tokens: give --tokens FILE or set $TRIO_AGENTS_TOKENS "
                     "('token=user,...'), or serve on 127.0.0.1 without them with --insecure-dev"
                 )
-            if insecure_dev and host not in LOOPBACK:
-                raise UsageError(f"--insecure-dev serves on 127.0.0.1 only, not on {host!r}")
-            await serve_agents(
-                console(),
-                loaded,
-                store=store,
-                host=host,
-                port=port,
-                tokens=found,
-                insecure_dev=insecure_dev,
-                cors_origins=cors_origin or [],
-                max_active_per_user=max_active_per_user,
-                lease_ttl=lease_ttl,
-                recover=recover.value,
-                ui=ui,
-                otel=otel,
-            )
+            if dev and host not in LOOPBACK:
+                flag = "--insecure-dev" if insecure_dev else "--demo without tokens"
+                raise UsageError(f"{flag} serves on 127.0.0.1 only, not on {host!r}")
+            async with contextlib.AsyncExitStack() as stack:
+                if demo:
+                    from .._demo import open_demo_agent
+
+                    loaded: list[AgentLike] = [await stack.enter_async_context(open_demo_agent())]
+                else:
+                    loaded = [load_agent(spec) for spec in agents or ()]
+                await serve_agents(
+                    console(),
+                    loaded,
+                    store=store,
+                    host=host,
+                    port=port,
+                    tokens=found,
+                    insecure_dev=dev,
+                    cors_origins=cors_origin or [],
+                    max_active_per_user=max_active_per_user,
+                    lease_ttl=lease_ttl,
+                    recover=recover.value,
+                    ui=not no_ui,
+                    otel=otel,
+                )
             return 0
 
         execute(main)

@@ -14,6 +14,7 @@ from ..messages import AssistantMessage, ToolResultMessage, UserMessage
 from ..stores._base import Session, SessionEntry
 from ._common import DEFAULT_STORE, Exit, StoreOption, console, execute
 from ._invocations import existing_store, when
+from ._show import exchange_lines
 
 __all__ = ["register"]
 
@@ -82,12 +83,12 @@ async def _show(store_url: str, session_id: str, as_json: bool) -> int:
         elif isinstance(message, AssistantMessage):
             for call in message.tool_calls:
                 out.print(f"  [yellow]→ {escape(call.name)}({escape(call.arguments)})[/]")
-            if message.text:
-                mark = ""
-                if entry.interrupted:
-                    mark = (
-                        f" [magenta](interrupted: {escape(entry.reason or entry.status or '')})[/]"
-                    )
+            for line in exchange_lines(entry.exchange):
+                out.print(f"  {line}")
+            mark = ""
+            if entry.interrupted:
+                mark = f" [magenta](interrupted: {escape(entry.reason or entry.status or '')})[/]"
+            if message.text or mark:
                 out.print(f"[bold green]{escape(entry.author)}[/] {escape(message.text)}{mark}")
         elif isinstance(message, ToolResultMessage):
             for result in message.results:
