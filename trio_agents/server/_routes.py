@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from starlette.routing import BaseRoute
 
+from ._a2a import a2a_routes
 from ._invocations import invocation_routes
 from ._runs import run_routes
 from ._sessions import session_routes
@@ -17,4 +18,4 @@ __all__ = ["http_routes"]
 
 
 def http_routes() -> list[BaseRoute]:
-    return [*session_routes(), *run_routes(), *invocation_routes()]
+    return [*session_routes(), *run_routes(), *invocation_routes(), *a2a_routes()]
