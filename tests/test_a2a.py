@@ -17,10 +17,10 @@ import trio
 from a2a.client.card_resolver import parse_agent_card
 
 import trio_agents as ta
+from trio_agents.messages import ModelRequest
 from trio_agents.models import ScriptedModel, ScriptedTurn
-from trio_agents.models._base import ModelRequest
 
-from ._server import ALICE, BOB, open_client, open_server
+from ._server import BOB, open_client, open_server
 from ._wire import CHAT
 
 
@@ -112,7 +112,10 @@ async def test_an_approval_is_input_required_and_the_next_message_answers_it(col
     """A call that needs approval makes the task ``input-required`` (parked, or paused with
     ``approval_timeout=0``), its message naming the approval; a message on the task decides
     it (a paused task is resumed) and the task completes."""
-    script = [ScriptedTurn.call("deploy", '{"service": "api"}'), "all done"]
+    script: list[ScriptedTurn | str] = [
+        ScriptedTurn.call("deploy", '{"service": "api"}'),
+        "all done",
+    ]
     agent = ta.Agent(name="ops", model=ScriptedModel(script), tools=[deploy])
     options: dict[str, Any] = {"approval_timeout": 0} if cold else {}
     with trio.fail_after(20):
@@ -174,7 +177,9 @@ async def test_cancel_task_answers_once_the_model_stream_is_closed() -> None:
             open_client(url) as alice,
         ):
             started = await rpc(
-                alice, "SendMessage", {**message("go"), "configuration": {"returnImmediately": True}}
+                alice,
+                "SendMessage",
+                {**message("go"), "configuration": {"returnImmediately": True}},
             )
             task_id = started["result"]["task"]["id"]
             assert started["result"]["task"]["status"]["state"] == "TASK_STATE_WORKING"
@@ -229,9 +234,7 @@ async def test_bad_input_gets_a_clear_error() -> None:
         ended_cancel = await rpc(alice, "CancelTask", {"id": done})
         not_rpc = (await alice.post("/a2a", json={"method": "GetTask", "id": 3})).json()
         not_json = (
-            await alice.post(
-                "/a2a", content=b"{nope", headers={"Content-Type": "application/json"}
-            )
+            await alice.post("/a2a", content=b"{nope", headers={"Content-Type": "application/json"})
         ).json()
         no_token = await anonymous.post(
             "/a2a", json={"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": done}}
@@ -245,12 +248,16 @@ async def test_bad_input_gets_a_clear_error() -> None:
     assert error(others_cancel) == error(others) == error(others_answer)
     assert error(bad_id) == (-32001, "no task '../etc/passwd'")
     assert error(no_id) == (-32602, "params.id (the task id) is required")
-    assert error(wrong_type)[0] == -32602 and "GetTask" in error(wrong_type)[1]
+    assert error(wrong_type)[0] == -32602
+    assert "GetTask" in error(wrong_type)[1]
     assert error(not_object) == (-32602, "'params' must be an object")
     assert error(no_parts) == (-32602, "params.message.parts must hold at least one part")
-    assert error(file_part)[0] == -32005 and "parts[0] is a file" in error(file_part)[1]
-    assert error(unknown)[0] == -32601 and "'tasks/get'" in error(unknown)[1]
-    assert error(old)[0] == -32009 and "'0.3'" in error(old)[1]
+    assert error(file_part)[0] == -32005
+    assert "parts[0] is a file" in error(file_part)[1]
+    assert error(unknown)[0] == -32601
+    assert "'tasks/get'" in error(unknown)[1]
+    assert error(old)[0] == -32009
+    assert "'0.3'" in error(old)[1]
     assert error(ended_message)[0] == -32004
     assert "TASK_STATE_COMPLETED" in error(ended_message)[1]
     assert error(ended_subscribe)[0] == -32004
