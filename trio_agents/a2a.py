@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Final, Literal
 
 import httpx2
@@ -49,6 +49,7 @@ from google.protobuf.json_format import MessageToDict, ParseDict, ParseError
 
 from ._exceptions import ToolError, UsageError
 from .models._config import SSEDecoder
+from .models._http import _close_response
 from .tools import Tool, ToolContext
 
 __all__ = ["RemoteAgent"]
@@ -281,14 +282,9 @@ class RemoteAgent(Tool[..., Any]):
         body = {"jsonrpc": "2.0", "id": uuid.uuid4().hex, "method": method, "params": params}
         try:
             response = await client.post(endpoint, json=body, headers=self._headers)
-            data = response.json()
         except httpx2.HTTPError as exc:
             raise ToolError(f"cannot reach the remote agent at {self.url}: {exc}") from exc
-        except ValueError:
-            raise ToolError(
-                f"the remote agent answered {method} with HTTP {response.status_code}, not JSON"
-            ) from None
-        return _result_of(method, data)
+        return _answer_of(method, response.status_code, response.content)
 
     async def _follow(
         self,
@@ -303,36 +299,42 @@ class RemoteAgent(Tool[..., Any]):
         headers = {**self._headers, "Accept": "text/event-stream"}
         try:
             async with client.stream("POST", endpoint, json=body, headers=headers) as response:
-                if "text/event-stream" not in response.headers.get("content-type", ""):
-                    raw = await response.aread()
-                    try:
-                        data = json.loads(raw)
-                    except ValueError:
-                        raise ToolError(
-                            f"the remote agent answered {method} with HTTP "
-                            f"{response.status_code}: {raw[:200]!r}"
-                        ) from None
-                    progress.take(_stream_response(_result_of(method, data)))
-                    return
-                decoder = SSEDecoder(provider="a2a")
-                async for chunk in response.aiter_bytes():
-                    for event in decoder.feed(chunk):
-                        if not event.data:
-                            continue
-                        try:
-                            data = json.loads(event.data)
-                        except ValueError:
-                            raise ToolError(
-                                f"the remote agent's stream sent what is not JSON: "
-                                f"{event.data[:200]!r}"
-                            ) from None
-                        progress.take(_stream_response(_result_of(method, data)))
-                        if progress.settled:
-                            return
+                reader = response.aiter_bytes()
+                try:
+                    await self._read(response, reader, method, progress)
+                finally:  # close it whole, also on a cancel (see _close_response)
+                    with trio.move_on_after(2, shield=True):
+                        await _close_response(response, reader)
         except httpx2.HTTPError as exc:
             if progress.task_id is None:
                 raise ToolError(f"cannot reach the remote agent at {self.url}: {exc}") from exc
             # The stream broke: the task goes on there; the caller reattaches.
+
+    async def _read(
+        self,
+        response: httpx2.Response,
+        reader: AsyncIterator[bytes],
+        method: str,
+        progress: _Progress,
+    ) -> None:
+        if "text/event-stream" not in response.headers.get("content-type", ""):
+            raw = b"".join([chunk async for chunk in reader])
+            progress.take(_stream_response(_answer_of(method, response.status_code, raw)))
+            return
+        decoder = SSEDecoder(provider="a2a")
+        async for chunk in reader:
+            for event in decoder.feed(chunk):
+                if not event.data:
+                    continue
+                try:
+                    data = json.loads(event.data)
+                except ValueError:
+                    raise ToolError(
+                        f"the remote agent's stream sent what is not JSON: {event.data[:200]!r}"
+                    ) from None
+                progress.take(_stream_response(_result_of(method, data)))
+                if progress.settled:
+                    return
 
     async def _find(
         self, client: httpx2.AsyncClient, endpoint: str, context_id: str, progress: _Progress
@@ -361,6 +363,21 @@ class RemoteAgent(Tool[..., Any]):
             await self._rpc(client, endpoint, "CancelTask", {"id": progress.task_id})
         except ToolError:
             return  # it may have ended meanwhile (not cancelable): nothing to stop
+
+
+def _answer_of(method: str, status: int, raw: bytes) -> Any:
+    """The result of a JSON-RPC answer that is not a stream (an error: a ``ToolError``)."""
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        data = None
+    if status != 200:
+        error = data.get("error") if isinstance(data, dict) else None
+        detail = (
+            error.get("message") if isinstance(error, dict) else raw[:200].decode(errors="replace")
+        )
+        raise ToolError(f"the remote agent answered {method} with HTTP {status}: {detail}")
+    return _result_of(method, data)
 
 
 def _result_of(method: str, data: Any) -> Any:
