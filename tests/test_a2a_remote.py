@@ -101,8 +101,9 @@ async def test_a_rerun_reattaches_to_the_first_runs_task(ended_first: bool) -> N
                 nursery.cancel_scope.cancel()
             if ended_first:
                 await fake.wait_until(lambda: fake.requests[0].completed)
-                while (await there.store.list_invocations())[0].status == "running":
-                    await trio.sleep(0.05)
+                [started] = await there.store.list_invocations()
+                if there.is_active(started.id):
+                    await there.get(started.id).wait()  # the ending stored
             second = ta.ToolContext(tool_name=remote.name, attempt=2, **context)
             result = await remote.call(call, second)
             tasks = await there.store.list_invocations()
