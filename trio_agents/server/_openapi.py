@@ -470,7 +470,22 @@ def document(apps: list[str]) -> dict[str, Any]:
                         "an SSE stream of them",
                         "content": {
                             "application/json": {"schema": {"type": "object"}},
-                            "text/event-stream": {"schema": {"type": "string"}},
+                            "text/event-stream": {
+                                "schema": {
+                                    "description": "one SSE event; `data` is a JSON-RPC "
+                                    "response whose `result` is an A2A StreamResponse (or, "
+                                    "as `event: error`, a JSON-RPC error)",
+                                    "type": "object",
+                                    "required": ["data"],
+                                    "properties": {
+                                        "event": {"type": "string"},
+                                        "data": {
+                                            "type": "string",
+                                            "contentMediaType": "application/json",
+                                        },
+                                    },
+                                }
+                            },
                         },
                     },
                     **errors(429),
