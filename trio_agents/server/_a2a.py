@@ -43,12 +43,8 @@ Cancel
 
 from __future__ import annotations
 
-import json
 import logging
-import uuid
-from collections import deque
-from collections.abc import Callable, Coroutine
-from typing import Any, Final, TypeAlias
+from typing import Final
 
 import trio
 from a2a.types.a2a_pb2 import (
@@ -61,54 +57,47 @@ from a2a.types.a2a_pb2 import (
     HTTPAuthSecurityScheme,
     ListTasksRequest,
     ListTasksResponse,
-    Message,
-    Role,
     SendMessageRequest,
-    SendMessageResponse,
     StreamResponse,
     SubscribeToTaskRequest,
-    TaskState,
 )
-from a2a.utils.error_handlers import build_error_details
 from a2a.utils.errors import (
-    JSON_RPC_ERROR_CODE_MAP,
     A2AError,
-    ContentTypeNotSupportedError,
-    InternalError,
     InvalidParamsError,
     InvalidRequestError,
     JSONParseError,
     MethodNotFoundError,
     TaskNotCancelableError,
-    TaskNotFoundError,
     UnsupportedOperationError,
     VersionNotSupportedError,
 )
 from google.protobuf.json_format import MessageToDict, ParseDict, ParseError
 from google.protobuf.message import Message as ProtoMessage
-from sse_starlette.event import ServerSentEvent
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from .._exceptions import (
-    GateClosed,
-    InvocationNotFound,
-    LeaseError,
-    SessionBusy,
-    StoreError,
     TrioAgentsError,
-    UsageError,
 )
-from ..events import EventId
 from ..stores import InvocationRecord
-from ._a2a_tasks import INTERRUPTED, TERMINAL, TaskView, data_of, state_name, to_json
+from ._a2a_rpc import (
+    Handler,
+    error_body,
+    find_task,
+    from_library,
+    history_length,
+    load_view,
+    ok,
+    stream,
+)
+from ._a2a_send import send_message, send_streaming_message
+from ._a2a_tasks import INTERRUPTED, TERMINAL, state_name, to_json
 from ._app import ServerState, session_key
 from ._errors import ApiError
 from ._follow import follow_to_end, watching_disconnect
 from ._ids import check_id
 from ._invocations import _keep_asking
-from ._runs import _EventStream
 
 __all__ = ["A2A_PATH", "CARD_PATH", "a2a_routes"]
 
@@ -118,8 +107,6 @@ A2A_PATH: Final = "/a2a"
 CARD_PATH: Final = "/.well-known/agent-card.json"
 CANCEL_REASON: Final = "cancelled over A2A"
 MAX_PAGE: Final = 100
-_APPROVE: Final = frozenset({"approve", "approved", "yes", "y", "ok", "allow"})
-_DENY: Final = frozenset({"deny", "denied", "no", "n", "reject"})
 
 
 def _state(request: Request) -> ServerState:
@@ -178,62 +165,10 @@ def _description(agent: object) -> str:
     return str(text).strip() or f"the agent {getattr(agent, 'name', '')!r}"
 
 
-# ---- JSON-RPC ------------------------------------------------------------------------------
-
-
-def _ok(request_id: str | int | None, result: Any) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": request_id, "result": result}
-
-
-def _error_body(request_id: str | int | None, error: A2AError) -> dict[str, Any]:
-    code = JSON_RPC_ERROR_CODE_MAP.get(type(error), -32603)
-    return {
-        "jsonrpc": "2.0",
-        "id": request_id,
-        "error": {"code": code, "message": error.message, "data": build_error_details(error)},
-    }
-
-
-def _from_library(exc: Exception) -> A2AError:
-    """One of our errors as an A2A error; what would reveal the server's insides is logged
-    and answered with a fixed message (see :mod:`._errors`)."""
-    if isinstance(exc, A2AError):
-        return exc
-    if isinstance(exc, ApiError) and exc.status == 404:
-        return TaskNotFoundError(exc.message)
-    if isinstance(exc, ApiError) and exc.status in (400, 413, 415, 422):
-        return InvalidParamsError(exc.message)
-    if isinstance(exc, InvocationNotFound):
-        return TaskNotFoundError(str(exc))
-    if isinstance(exc, SessionBusy):
-        return UnsupportedOperationError(
-            "another task of this context is working; wait for it to end or cancel it"
-        )
-    if isinstance(exc, LeaseError):
-        return UnsupportedOperationError(
-            "another process holds this task; try again once it has stopped there"
-        )
-    if isinstance(exc, GateClosed):
-        return InvalidParamsError(str(exc))
-    if isinstance(exc, UsageError):
-        return InvalidParamsError(str(exc))
-    logger.warning("A2A request failed: %r", exc)
-    if isinstance(exc, StoreError):
-        return InternalError("the store could not answer; try again shortly")
-    return InternalError("the server failed; the error is in its log")
-
-
-Handler: TypeAlias = Callable[
-    [ServerState, Request, str, str | None, str | int | None, Any],
-    Coroutine[Any, Any, Response],
-]
-
-
 async def rpc(request: Request) -> Response:
     state = _state(request)
-    state.user(request)  # 401 before anything else
-    owner = None if state.believes_anyone(request) else state.user(request)
-    user = state.user(request)
+    user = state.user(request)  # 401 before anything else
+    owner = None if state.believes_anyone(request) else user  # insecure dev: anyone's task
     request_id: str | int | None = None
     try:
         try:
@@ -274,41 +209,12 @@ async def rpc(request: Request) -> Response:
     except ApiError as exc:
         if exc.status in (401, 429, 503):  # who you are, and admission: HTTP, as elsewhere
             raise
-        return JSONResponse(_error_body(request_id, _from_library(exc)))
+        return JSONResponse(error_body(request_id, from_library(exc)))
     except (A2AError, TrioAgentsError) as exc:
-        return JSONResponse(_error_body(request_id, _from_library(exc)))
+        return JSONResponse(error_body(request_id, from_library(exc)))
 
 
 # ---- tasks -----------------------------------------------------------------------------------
-
-
-async def _record(state: ServerState, task_id: str, owner: str | None) -> InvocationRecord:
-    """The task's record if it is ``owner``'s (anyone's: ``None``); another user's task
-    answers exactly as a missing one."""
-    if not task_id:
-        raise InvalidParamsError("params.id (the task id) is required")
-    try:
-        check_id(task_id, "the task id", "invocation")
-        return await state.invocation(task_id, owner)
-    except ApiError:
-        raise TaskNotFoundError(f"no task {task_id[:80]!r}") from None
-
-
-async def _view(state: ServerState, record: InvocationRecord) -> tuple[TaskView, EventId]:
-    """The task as its stored journal says, and the id of the last event folded."""
-    view = TaskView(record)
-    events = await state.runner.store.read_events(record.id)  # the deltas too
-    view.fold_all(events)
-    last = (events[-1].seq, events[-1].sub) if events else (0, 0)
-    return view, last
-
-
-def _history_length(req: GetTaskRequest | ListTasksRequest) -> int | None:
-    if not req.HasField("history_length"):
-        return None
-    if req.history_length < 0:
-        raise InvalidParamsError("historyLength must be >= 0")
-    return req.history_length
 
 
 async def get_task(
@@ -319,10 +225,10 @@ async def get_task(
     request_id: str | int | None,
     req: GetTaskRequest,
 ) -> Response:
-    record = await _record(state, req.id, owner)
-    view, _ = await _view(state, record)
-    task = view.task(history_length=_history_length(req))
-    return JSONResponse(_ok(request_id, to_json(task)))
+    record = await find_task(state, req.id, owner)
+    view, _ = await load_view(state, record)
+    task = view.task(history_length=history_length(req))
+    return JSONResponse(ok(request_id, to_json(task)))
 
 
 async def list_tasks(
@@ -365,12 +271,12 @@ async def list_tasks(
         if req.HasField("status_timestamp_after")
         else None
     )
-    history = _history_length(req)
+    history = history_length(req)
     tasks = []
     for record in records:
         if after is not None and record.updated_at < after:
             continue
-        view, _ = await _view(state, record)
+        view, _ = await load_view(state, record)
         if req.status and view.state() != req.status:
             continue
         tasks.append(view.task(history_length=history, artifacts=req.include_artifacts))
@@ -381,7 +287,7 @@ async def list_tasks(
         total_size=len(tasks),
         next_page_token=str(offset + size) if offset + size < len(tasks) else "",
     )
-    return JSONResponse(_ok(request_id, to_json(response)))
+    return JSONResponse(ok(request_id, to_json(response)))
 
 
 async def cancel_task(
@@ -392,7 +298,7 @@ async def cancel_task(
     request_id: str | int | None,
     req: CancelTaskRequest,
 ) -> Response:
-    record = await _record(state, req.id, owner)
+    record = await find_task(state, req.id, owner)
     if record.status not in ("running", "paused"):
         raise TaskNotCancelableError(
             f"task {record.id!r} ended already ({record.status}); there is nothing to cancel"
@@ -420,8 +326,8 @@ async def cancel_task(
             nursery.cancel_scope.cancel()
 
     await watching_disconnect(request, stopped)
-    view, _ = await _view(state, await runner.store.get_invocation(task_id))
-    return JSONResponse(_ok(request_id, to_json(view.task())))
+    view, _ = await load_view(state, await runner.store.get_invocation(task_id))
+    return JSONResponse(ok(request_id, to_json(view.task())))
 
 
 async def subscribe(
@@ -432,8 +338,8 @@ async def subscribe(
     request_id: str | int | None,
     req: SubscribeToTaskRequest,
 ) -> Response:
-    record = await _record(state, req.id, owner)
-    view, last = await _view(state, record)
+    record = await find_task(state, req.id, owner)
+    view, last = await load_view(state, record)
     current = view.state()
     if current in TERMINAL:
         raise UnsupportedOperationError(
@@ -442,294 +348,7 @@ async def subscribe(
         )
     done = current in INTERRUPTED  # it waits for a message: nothing more comes until then
     first = StreamResponse(task=view.task())
-    return _stream(state, view, request_id, [first], after=last, done=done)
-
-
-# ---- messages ----------------------------------------------------------------------------------
-
-
-def _metadata(message: ProtoMessage) -> dict[str, Any]:
-    if not message.HasField("metadata"):
-        return {}
-    meta: dict[str, Any] = MessageToDict(message.metadata)
-    return meta
-
-
-def _app_of(state: ServerState, req: SendMessageRequest) -> str:
-    skill = _metadata(req).get("skill") or _metadata(req.message).get("skill")
-    if skill is None:
-        if len(state.agents) == 1:
-            return next(iter(state.agents))
-        raise InvalidParamsError(
-            "this server serves several agents: name one in metadata.skill; the skills are: "
-            + ", ".join(state.agents)
-        )
-    if not isinstance(skill, str) or skill not in state.agents:
-        raise InvalidParamsError(
-            f"no skill {str(skill)[:80]!r} here; the skills are: {', '.join(state.agents)}"
-        )
-    return skill
-
-
-def _input_text(message: Message) -> str:
-    pieces: list[str] = []
-    for i, part in enumerate(message.parts):
-        kind = part.WhichOneof("content")
-        if kind == "text":
-            pieces.append(part.text)
-        elif kind == "data":
-            pieces.append(json.dumps(MessageToDict(part.data), separators=(",", ":")))
-        elif kind in ("raw", "url"):
-            raise ContentTypeNotSupportedError(
-                f"message.parts[{i}] is a file; this agent takes text and data parts only"
-            )
-        else:
-            raise InvalidParamsError(f"message.parts[{i}] holds no content")
-    text = "\n".join(pieces)
-    if not text.strip():
-        raise InvalidParamsError("the message holds no text")
-    return text
-
-
-def _decisions(message: Message, open_: list[str]) -> list[tuple[str, bool, str | None, Any]]:
-    """What the message decides: ``(approval id, approved, reason, arguments)`` each."""
-    found: list[tuple[str, bool, str | None, Any]] = []
-    hint = (
-        "answer 'approve' or 'deny' (text), or a data part {\"approved\": true|false, "
-        '"approvalId": "...", "reason": "...", "arguments": {...}}'
-    )
-    for i, part in enumerate(message.parts):
-        kind = part.WhichOneof("content")
-        if kind == "text":
-            words = part.text.strip().split(maxsplit=1)
-            word = words[0].lower().rstrip(":,.!") if words else ""
-            if word not in _APPROVE | _DENY:
-                raise InvalidParamsError(f"message.parts[{i}] decides nothing; {hint}")
-            reason = words[1] if len(words) > 1 else None
-            found += [(g, word in _APPROVE, reason, None) for g in open_]
-        elif kind == "data":
-            data = data_of(part)
-            items = data.get("decisions", [data]) if isinstance(data, dict) else None
-            if not isinstance(items, list):
-                raise InvalidParamsError(f"message.parts[{i}].data must be an object; {hint}")
-            for item in items:
-                approved = item.get("approved") if isinstance(item, dict) else None
-                if not isinstance(approved, bool):
-                    raise InvalidParamsError(
-                        f"message.parts[{i}]: 'approved' must be a bool; {hint}"
-                    )
-                gate = item.get("approvalId", item.get("approval_id"))
-                if gate is not None and gate not in open_:
-                    raise InvalidParamsError(
-                        f"the task has no open approval {str(gate)[:120]!r}; open: "
-                        + ", ".join(open_)
-                    )
-                reason = item.get("reason")
-                arguments = item.get("arguments")
-                targets = [gate] if gate is not None else open_
-                found += [
-                    (g, approved, reason if isinstance(reason, str) else None, arguments)
-                    for g in targets
-                ]
-        else:
-            raise InvalidParamsError(f"message.parts[{i}] cannot answer an approval; {hint}")
-    return found
-
-
-async def _answer(
-    state: ServerState, user: str, record: InvocationRecord, view: TaskView, message: Message
-) -> bool:
-    """Decide the task's open approvals from ``message``; resume it here if it is paused.
-    Whether approvals are still open afterwards."""
-    open_ = [g for g in view.open_gates() if view.gates[g].kind == "approval"]
-    if not open_:
-        raise UnsupportedOperationError(
-            f"task {record.id!r} waits for a credential, which is not given over A2A; "
-            "submit it through the HTTP API"
-        )
-    decided: set[str] = set()
-    for gate, approved, reason, arguments in _decisions(message, open_):
-        if gate in decided:
-            continue
-        await state.runner.decide(
-            record.id,
-            gate,
-            approved=approved,
-            reason=reason,
-            by=user,
-            arguments=arguments if approved else None,
-        )
-        decided.add(gate)
-    if record.status == "paused":
-        async with state.admit(user):
-            await state.runner.resume(record.id, agent=state.agent(record.agent))
-    return bool(set(open_) - decided)
-
-
-async def _send(
-    state: ServerState,
-    request: Request,
-    user: str,
-    owner: str | None,
-    request_id: str | int | None,
-    req: SendMessageRequest,
-    *,
-    streaming: bool,
-) -> Response:
-    message = req.message
-    if not message.parts:
-        raise InvalidParamsError("params.message.parts must hold at least one part")
-    if message.role == Role.ROLE_AGENT:
-        raise InvalidParamsError("params.message.role must be ROLE_USER")
-    runner = state.runner
-    waiting = False
-    if message.task_id:
-        record = await _record(state, message.task_id, owner)
-        view, last = await _view(state, record)
-        if message.context_id and message.context_id != view.context_id:
-            raise InvalidParamsError(
-                f"task {record.id!r} belongs to another context than {message.context_id[:80]!r}"
-            )
-        current = view.state()
-        if current not in INTERRUPTED:
-            raise UnsupportedOperationError(
-                f"task {record.id!r} is {state_name(current)}: it takes a message only while "
-                "it waits for input; send one without taskId to start a new task"
-                + ("" if current in TERMINAL else ", or cancel it")
-            )
-        waiting = await _answer(state, user, record, view, message)
-    else:
-        app = _app_of(state, req)
-        context = message.context_id or uuid.uuid4().hex
-        check_id(context, "message.contextId")
-        text = _input_text(message)
-        async with state.admit(user):
-            inv = await runner.start(
-                state.agent(app), text, user_id=user, session_id=session_key(app, user, context)
-            )
-        record = await runner.store.get_invocation(inv.id)
-        view, last = TaskView(record), (0, 0)
-    history = (
-        req.configuration.history_length if req.configuration.HasField("history_length") else None
-    )
-    first = view.task(history_length=history)
-    if not waiting:
-        first.status.state = TaskState.TASK_STATE_WORKING
-        first.status.ClearField("message")
-    if streaming:
-        return _stream(
-            state, view, request_id, [StreamResponse(task=first)], after=last, done=waiting
-        )
-    if not (waiting or req.configuration.return_immediately):
-        updates = _Updates(state, view, request_id, [], after=last, done=False)
-
-        async def to_the_end() -> None:
-            async for _ in updates:
-                pass
-
-        await watching_disconnect(request, to_the_end)
-        first = view.task(history_length=history)
-    return JSONResponse(_ok(request_id, to_json(SendMessageResponse(task=first))))
-
-
-async def send_message(
-    state: ServerState,
-    request: Request,
-    user: str,
-    owner: str | None,
-    request_id: str | int | None,
-    req: SendMessageRequest,
-) -> Response:
-    return await _send(state, request, user, owner, request_id, req, streaming=False)
-
-
-async def send_streaming_message(
-    state: ServerState,
-    request: Request,
-    user: str,
-    owner: str | None,
-    request_id: str | int | None,
-    req: SendMessageRequest,
-) -> Response:
-    return await _send(state, request, user, owner, request_id, req, streaming=True)
-
-
-# ---- streams -------------------------------------------------------------------------------------
-
-
-class _Updates:
-    """The SSE frames of a task: ``first``, then the update of each event after ``after``
-    (unless ``done``), until the task ends or is interrupted.  An async iterator that holds
-    no resource; a cancel (the client went away) stops only this follower, never the task."""
-
-    def __init__(
-        self,
-        state: ServerState,
-        view: TaskView,
-        request_id: str | int | None,
-        first: list[StreamResponse],
-        *,
-        after: EventId,
-        done: bool,
-    ) -> None:
-        self._view = view
-        self._id = request_id
-        self._stream = None if done else state.runner.events(view.task_id, after_seq=after)
-        self._ready: deque[ServerSentEvent] = deque(self._frame(r) for r in first)
-        self.finished = done
-
-    def _frame(self, response: StreamResponse) -> ServerSentEvent:
-        return ServerSentEvent(data=json.dumps(_ok(self._id, to_json(response))))
-
-    def __aiter__(self) -> _Updates:
-        return self
-
-    async def __anext__(self) -> ServerSentEvent:
-        while not self._ready:
-            if self.finished or self._stream is None:
-                raise StopAsyncIteration
-            try:
-                event = await self._stream.__anext__()
-            except StopAsyncIteration:  # it stopped with no ending we saw: say where it is
-                self.finished = True
-                self._ready.append(self._frame(StreamResponse(task=self._view.task())))
-                continue
-            except Exception as exc:  # the store failed: one error frame ends the stream
-                self.finished = True
-                error = _from_library(exc)
-                self._ready.append(
-                    ServerSentEvent(
-                        event="error",
-                        data=json.dumps(
-                            _error_body(
-                                self._id,
-                                InternalError(
-                                    f"{error.message}; the task may still run: reattach "
-                                    "with SubscribeToTask"
-                                ),
-                            )
-                        ),
-                    )
-                )
-                continue
-            responses, end = self._view.updates(event)
-            self._ready.extend(self._frame(r) for r in responses)
-            if end:
-                self.finished = True
-        return self._ready.popleft()
-
-
-def _stream(
-    state: ServerState,
-    view: TaskView,
-    request_id: str | int | None,
-    first: list[StreamResponse],
-    *,
-    after: EventId,
-    done: bool,
-) -> Response:
-    updates = _Updates(state, view, request_id, first, after=after, done=done)
-    return _EventStream(updates, headers={"X-Invocation-Id": view.task_id}, ping=15)
+    return stream(state, view, request_id, [first], after=last, done=done)
 
 
 _METHODS: Final[dict[str, tuple[type[ProtoMessage], Handler]]] = {
