@@ -8,6 +8,7 @@ The official client (``a2a-sdk``, asyncio) drives the server from its own proces
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -267,3 +268,100 @@ async def test_bad_input_gets_a_clear_error() -> None:
     assert error(not_json)[0] == -32700
     assert no_token.status_code == 401
     assert re.search("Bearer", no_token.headers["www-authenticate"])
+
+
+async def stream_rpc(client: httpx2.AsyncClient, method: str, params: Any) -> list[Any]:
+    """Every JSON-RPC response a streaming method sent, to the end of its stream."""
+    body = {"jsonrpc": "2.0", "id": "s1", "method": method, "params": params}
+    found: list[Any] = []
+    async with client.stream("POST", "/a2a", json=body) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        async for line in response.aiter_lines():
+            if line.startswith("data:"):
+                found.append(json.loads(line[5:])["result"])
+    return found
+
+
+async def test_streams_end_at_input_required_and_the_answer_streams_to_the_end() -> None:
+    """SendStreamingMessage ends with an ``input-required`` status update; SubscribeToTask
+    then gives the waiting task and closes; the answer, streamed, ends ``completed`` after
+    the output artifact; a second answer is refused (the task ended)."""
+    script: list[ScriptedTurn | str] = [
+        ScriptedTurn.call("deploy", '{"service": "api"}'),
+        "all done",
+    ]
+    agent = ta.Agent(name="ops", model=ScriptedModel(script), tools=[deploy])
+    with trio.fail_after(20):
+        async with (
+            ta.Runner() as runner,
+            open_server([agent], runner=runner) as url,
+            open_client(url) as alice,
+        ):
+            asked = await stream_rpc(alice, "SendStreamingMessage", message("ship it"))
+            task_id = asked[0]["task"]["id"]
+            subscribed = await stream_rpc(alice, "SubscribeToTask", {"id": task_id})
+            answered = await stream_rpc(
+                alice, "SendStreamingMessage", message("approve: looks fine", taskId=task_id)
+            )
+            again = await rpc(alice, "SendMessage", message("approve", taskId=task_id))
+    assert asked[0]["task"]["status"]["state"] == "TASK_STATE_WORKING"
+    assert asked[-1]["statusUpdate"]["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"
+    [only] = subscribed
+    assert only["task"]["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"
+    assert answered[0]["task"]["id"] == task_id
+    tool_results = [
+        part["data"]["toolResult"]
+        for update in answered
+        if "statusUpdate" in update and "message" in update["statusUpdate"]["status"]
+        for part in update["statusUpdate"]["status"]["message"]["parts"]
+        if "toolResult" in part.get("data", {})
+    ]
+    assert [r["content"] for r in tool_results] == ["deployed api"]
+    assert answered[-2]["artifactUpdate"]["artifact"]["parts"][0]["text"] == "all done"
+    assert answered[-2]["artifactUpdate"]["lastChunk"] is True
+    assert answered[-1]["statusUpdate"]["status"]["state"] == "TASK_STATE_COMPLETED"
+    assert again["error"]["code"] == -32004
+
+
+async def test_cancel_of_a_paused_task_and_list_tasks_pages() -> None:
+    """A paused (``input-required``) task is cancelled at once: ``canceled``, its approval
+    ended ``cancelled``.  ListTasks pages with pageSize / pageToken and filters by state."""
+    script: list[ScriptedTurn | str] = [ScriptedTurn.call("deploy", '{"service": "a"}')] * 3
+    agent = ta.Agent(name="ops", model=ScriptedModel(script), tools=[deploy])
+    with trio.fail_after(20):
+        async with (
+            ta.Runner(approval_timeout=0) as runner,
+            open_server([agent], runner=runner) as url,
+            open_client(url) as alice,
+        ):
+            context = {"contextId": "c1"}
+            ids = [
+                (await rpc(alice, "SendMessage", message(f"n{i}", **context)))["result"]["task"][
+                    "id"
+                ]
+                for i in range(3)
+            ]
+            cancelled = (await rpc(alice, "CancelTask", {"id": ids[0]}))["result"]
+            outcome = await runner.store.get_invocation(ids[0])
+            page1 = (await rpc(alice, "ListTasks", {**context, "pageSize": 2}))["result"]
+            page2 = (
+                await rpc(
+                    alice,
+                    "ListTasks",
+                    {**context, "pageSize": 2, "pageToken": page1["nextPageToken"]},
+                )
+            )["result"]
+            waiting = (await rpc(alice, "ListTasks", {"status": "TASK_STATE_INPUT_REQUIRED"}))[
+                "result"
+            ]
+            bad_token = await rpc(alice, "ListTasks", {"pageToken": "abc"})
+            bad_size = await rpc(alice, "ListTasks", {"pageSize": 1000})
+    assert cancelled["status"]["state"] == "TASK_STATE_CANCELED"
+    assert outcome.status == "cancelled"
+    assert [t["id"] for t in page1["tasks"]] == [ids[2], ids[1]]
+    assert page1["totalSize"] == 3
+    assert [t["id"] for t in page2["tasks"]] == [ids[0]]
+    assert page2.get("nextPageToken", "") == ""
+    assert [t["id"] for t in waiting["tasks"]] == [ids[2], ids[1]]
+    assert bad_token["error"]["code"] == -32602
+    assert bad_size["error"]["code"] == -32602
