@@ -6,6 +6,7 @@ run's task instead of sending the message again."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -132,3 +133,34 @@ async def test_the_remote_agents_failures_are_tool_errors() -> None:
     assert f"cannot reach the remote agent at {url}" in gone.content
     with pytest.raises(ta.UsageError, match="http"):
         RemoteAgent("ftp://x")
+
+
+async def test_a_resumed_invocation_reattaches_to_the_remote_task(tmp_path: Path) -> None:
+    """Our runner goes away mid-call (its block cancelled; ``on_cancel="detach"``, so nothing
+    reaches the remote, as when a process dies); a new runner on the same journal resumes
+    the invocation: the call runs again and reattaches to the remote task; the remote model
+    was asked once, and the answer is whole."""
+    words = CHAT.stream([f"w{i} " for i in range(30)], delay=0.03)
+    store = f"sqlite:///{tmp_path / 'local.db'}"
+    with trio.fail_after(30):
+        async with (
+            CHAT.server(responder=lambda body: words) as fake,
+            CHAT.model(fake) as model,
+            ta.Runner() as there,
+            open_server([ta.Agent(name="remote", model=model)], runner=there) as url,
+        ):
+            agent = caller(RemoteAgent(url, token=ALICE, on_cancel="detach"))
+            with trio.CancelScope() as first_process:
+                async with ta.Runner(store=store) as here:
+                    inv = await here.start(agent, "go")
+                    await fake.wait_requests(1)
+                    first_process.cancel()
+            async with ta.Runner(store=store) as here:
+                outcome = await (await here.resume(inv.id, agent=agent)).wait()
+                events = await here.store.load_events(inv.id)
+            tasks = await there.store.list_invocations()
+    assert outcome.status == "completed"
+    [finished] = [e for e in events if isinstance(e, ToolCallFinished)]
+    assert finished.result.content == "".join(f"w{i} " for i in range(30))
+    assert len(fake.requests) == 1
+    assert len(tasks) == 1

@@ -28,7 +28,8 @@ Resume never sends the message twice
     mid-call) runs it again (the tool is ``idempotent``: re-running it is how it reattaches):
     the second attempt asks ``ListTasks`` for that context, and if the first attempt's task
     is there, reattaches with ``SubscribeToTask`` (or reads it with the answer, if it ended)
-    instead of sending the message again.
+    instead of sending the message again.  (A task found ``canceled`` was cancelled by our
+    run's own cancel - a shutdown, say - so the message is sent again, under a new id.)
 
 Errors the model reads (``ToolError``): the remote task failed, was cancelled there, or
 waits for input (its id is in the message); the agent could not be reached; an answer that
@@ -213,10 +214,13 @@ class RemoteAgent(Tool[..., Any]):
         try:
             if ctx.attempt > 1:  # a re-run: the first attempt may have started the task
                 await self._find(client, endpoint, context_id, progress)
+                if progress.state == TaskState.TASK_STATE_CANCELED:
+                    progress = _Progress()  # we cancelled it (our run was): ask again
             if progress.task_id is None:
+                suffix = f"#{ctx.attempt}" if ctx.attempt > 1 else ""
                 params: dict[str, Any] = {
                     "message": {
-                        "messageId": ctx.idempotency_key,
+                        "messageId": ctx.idempotency_key + suffix,
                         "contextId": context_id,
                         "role": "ROLE_USER",
                         "parts": [{"text": message}],
