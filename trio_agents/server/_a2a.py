@@ -92,7 +92,7 @@ from ._a2a_rpc import (
     stream,
 )
 from ._a2a_send import send_message, send_streaming_message
-from ._a2a_tasks import INTERRUPTED, TERMINAL, state_name, to_json
+from ._a2a_tasks import INTERRUPTED, STATES, TERMINAL, TaskView, state_name, to_json
 from ._app import ServerState, session_key
 from ._errors import ApiError
 from ._follow import follow_to_end, watching_disconnect
@@ -240,8 +240,10 @@ async def list_tasks(
     req: ListTasksRequest,
 ) -> Response:
     """The user's tasks, newest first: of one context (``contextId``) or of all their
-    contexts, filtered by ``status`` and ``statusTimestampAfter``; ``pageToken`` is the
-    offset where the page starts."""
+    contexts (at most 1,000 contexts an agent, 1,000 tasks a context), filtered by ``status``
+    and ``statusTimestampAfter``; ``pageToken`` is the offset where the page starts.  Only
+    the journals of the page's tasks are read (and, to filter by a state an ending does not
+    say, those of the running and paused ones)."""
     store = state.runner.store
     size = req.page_size or 50
     if not 1 <= size <= MAX_PAGE:
@@ -272,20 +274,28 @@ async def list_tasks(
         else None
     )
     history = history_length(req)
-    tasks = []
+    views: dict[str, TaskView] = {}
+    kept: list[InvocationRecord] = []
     for record in records:
         if after is not None and record.updated_at < after:
             continue
-        view, _ = await load_view(state, record)
-        if req.status and view.state() != req.status:
-            continue
+        if req.status:
+            state_now = STATES.get(record.status)  # an ending says it; else the journal
+            if state_now is None:
+                views[record.id], _ = await load_view(state, record)
+                state_now = views[record.id].state()
+            if state_now != req.status:
+                continue
+        kept.append(record)
+    tasks = []
+    for record in kept[offset : offset + size]:  # only the page's journals are read
+        view = views.get(record.id) or (await load_view(state, record))[0]
         tasks.append(view.task(history_length=history, artifacts=req.include_artifacts))
-    page = tasks[offset : offset + size]
     response = ListTasksResponse(
-        tasks=page,
+        tasks=tasks,
         page_size=size,
-        total_size=len(tasks),
-        next_page_token=str(offset + size) if offset + size < len(tasks) else "",
+        total_size=len(kept),
+        next_page_token=str(offset + size) if offset + size < len(kept) else "",
     )
     return JSONResponse(ok(request_id, to_json(response)))
 

@@ -55,7 +55,7 @@ from ..events import (
 )
 from ..stores import InvocationRecord
 
-__all__ = ["INTERRUPTED", "TERMINAL", "TaskView", "data_of", "state_name", "to_json"]
+__all__ = ["INTERRUPTED", "STATES", "TERMINAL", "TaskView", "data_of", "state_name", "to_json"]
 
 STATES: Final[dict[str, TaskState]] = {
     "completed": TaskState.TASK_STATE_COMPLETED,
