@@ -22,7 +22,11 @@ message), or the only agent served.  A message with the ``taskId`` of a task tha
 ``{"approved": ..., "approvalId": ..., "reason": ..., "arguments": {...}}``); a paused task
 is resumed here.  A task that is working or ended takes no message (``-32004``).
 
-Who owns what
+Who owns what, and what is stored first
+    A task exists once it is durable: a message starts its invocation with
+    :meth:`Runner.start`, which returns once the record, its ``started`` event and the
+    user's message are stored, and only then does the answer (or the stream's first event)
+    name the task; a decision is recorded in the store before the task is resumed or told.
     A request never owns a task: the runner does (its nursery, its lease).  ``SendMessage``
     waits for the task to end or be interrupted (unless ``returnImmediately``); a stream
     follows it.  Either, cut off by the client, stops only its follower: closing a stream is
