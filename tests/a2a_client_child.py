@@ -35,10 +35,22 @@ def say(step: str, **data: Any) -> None:
     print(json.dumps({"step": step, **data}), flush=True)
 
 
+OPENED: list[httpx.AsyncClient] = []  # closed when the scenario ends
+
+
 async def open_client(url: str, token: str, *, streaming: bool = True) -> Client:
     http = httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    OPENED.append(http)
     factory = ClientFactory(ClientConfig(httpx_client=http, streaming=streaming))
     return await factory.create_from_url(url)
+
+
+async def run(scenario: str, args: dict[str, Any]) -> None:
+    try:
+        await SCENARIOS[scenario](args)
+    finally:
+        for http in OPENED:
+            await http.aclose()
 
 
 def request(text: str) -> SendMessageRequest:
@@ -146,7 +158,7 @@ SCENARIOS = {"send": send, "stream_cancel": stream_cancel, "resubscribe": resubs
 def main() -> None:
     scenario, raw = sys.argv[1], sys.argv[2]
     try:
-        asyncio.run(SCENARIOS[scenario](json.loads(raw)))
+        asyncio.run(run(scenario, json.loads(raw)))
     except Exception as exc:
         say("failed", error=f"{type(exc).__name__}: {exc}")
         raise
