@@ -365,3 +365,36 @@ async def test_cancel_of_a_paused_task_and_list_tasks_pages() -> None:
     assert [t["id"] for t in waiting["tasks"]] == [ids[2], ids[1]]
     assert bad_token["error"]["code"] == -32602
     assert bad_size["error"]["code"] == -32602
+
+
+@ta.tool
+async def fetch_mail(ctx: ta.ToolContext) -> str:
+    """Read the user's mail (needs their mail token)."""
+    token = ctx.credential("mail")
+    if token is None:
+        raise ta.NeedsCredential("mail", hint="a token for the mail API")
+    return "3 new mails"
+
+
+async def test_a_credential_is_auth_required_and_is_not_given_over_a2a() -> None:
+    """A tool waiting for a credential makes the task ``auth-required`` (its message names the
+    credential); a message cannot give it (``-32004``, naming the HTTP API instead); the
+    card of an ``insecure_dev`` server requires no scheme."""
+    script: list[ScriptedTurn | str] = [ScriptedTurn.call("fetch_mail"), "ok"]
+    agent = ta.Agent(name="mailer", model=ScriptedModel(script), tools=[fetch_mail])
+    with trio.fail_after(20):
+        async with (
+            ta.Runner() as runner,
+            open_server([agent], runner=runner, tokens=None, insecure_dev=True) as url,
+            open_client(url, token=None) as anyone,
+        ):
+            card = (await anyone.get("/.well-known/agent-card.json")).json()
+            task = (await rpc(anyone, "SendMessage", message("mail?")))["result"]["task"]
+            refused = await rpc(anyone, "SendMessage", message("approve", taskId=task["id"]))
+            await rpc(anyone, "CancelTask", {"id": task["id"]})
+    assert "securityRequirements" not in card
+    assert task["status"]["state"] == "TASK_STATE_AUTH_REQUIRED"
+    [waiting] = task["status"]["message"]["parts"][1]["data"]["approvals"]
+    assert (waiting["kind"], waiting["credential"]) == ("credential", "mail")
+    assert refused["error"]["code"] == -32004
+    assert "credential" in refused["error"]["message"]
