@@ -29,7 +29,9 @@ Resume never sends the message twice
     the second attempt asks ``ListTasks`` for that context, and if the first attempt's task
     is there, reattaches with ``SubscribeToTask`` (or reads it with the answer, if it ended)
     instead of sending the message again.  (A task found ``canceled`` was cancelled by our
-    run's own cancel - a shutdown, say - so the message is sent again, under a new id.)
+    run's own cancel - a shutdown, say - so the message is sent again, under a new id.)  A
+    server that refuses ``ListTasks`` makes the re-run a tool error rather than risk sending
+    the message twice.
 
 Errors the model reads (``ToolError``): the remote task failed, was cancelled there, or
 waits for input (its id is in the message); the agent could not be reached; an answer that
