@@ -91,8 +91,8 @@ async def send(args: dict[str, Any]) -> None:
 
 
 async def stream_cancel(args: dict[str, Any]) -> None:
-    """Stream a task; after a few deltas cancel it through ``cancel_url``; say when the
-    answer came; then read the rest of the stream."""
+    """Stream a task; after a few deltas say so, and once told (a line on stdin) cancel it
+    through ``cancel_url``; say when the answer came; then read the rest of the stream."""
     client = await open_client(args["url"], args["token"])
     canceller = await open_client(args["cancel_url"], args["token"])
     updates = cast(AsyncGenerator[StreamResponse, None], client.send_message(request(args["text"])))
@@ -105,7 +105,8 @@ async def stream_cancel(args: dict[str, Any]) -> None:
         if update.HasField("artifact_update"):
             seen += 1
             if seen == 3:
-                say("cancelling", task_id=task_id)
+                say("streaming", task_id=task_id)
+                await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
                 cancelled = await canceller.cancel_task(CancelTaskRequest(id=task_id))
                 say("cancelled", task=as_json(cancelled))
                 break
@@ -140,8 +141,8 @@ async def resubscribe(args: dict[str, Any]) -> None:
     async for update in following:
         if first is None:
             first = as_json(update)
-            [artifact] = [a for a in update.task.artifacts if a.artifact_id == "text"]
-            text = [artifact.parts[0].text]
+            # What the store holds so far (the running instance writes deltas in batches).
+            text = [a.parts[0].text for a in update.task.artifacts if a.artifact_id == "text"]
         elif update.HasField("artifact_update"):
             artifact = update.artifact_update.artifact
             if artifact.artifact_id == "text":

@@ -74,8 +74,13 @@ class Child:
 
     def __init__(self, process: trio.Process) -> None:
         assert process.stdout is not None
+        assert process.stdin is not None
         self._stdout = process.stdout
+        self._stdin = process.stdin
         self._buffer = b""
+
+    async def tell(self, line: str) -> None:
+        await self._stdin.send_all(line.encode() + b"\n")
 
     async def line(self) -> dict[str, Any]:
         while b"\n" not in self._buffer:
@@ -94,7 +99,14 @@ async def run_child(scenario: str, **args: Any) -> AsyncIterator[Child]:
     argv = [sys.executable, "-m", "tests.a2a_client_child", scenario, json.dumps(args)]
     async with trio.open_nursery() as nursery:
         process: trio.Process = await nursery.start(
-            partial(trio.run_process, argv, cwd=ROOT, env=env, stdout=subprocess.PIPE)
+            partial(
+                trio.run_process,
+                argv,
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+            )
         )
         yield Child(process)
 
@@ -136,9 +148,10 @@ async def test_cancel_through_the_other_instance_answers_once_the_model_stream_c
         ) as child:
             assert (await child.line())["state"] == 2  # TASK_STATE_WORKING
             cancelling = await child.line()
-            assert cancelling["step"] == "cancelling"
+            assert cancelling["step"] == "streaming"
             [request] = fleet.model.requests
-            streaming = request.disconnected_at is None  # as the cancel leaves
+            streaming = request.disconnected_at is None  # before the cancel leaves
+            await child.tell("cancel")
             cancelled = await child.line()
             answered_by = trio.current_time()
             disconnected_at = request.disconnected_at
