@@ -15,6 +15,10 @@ import trio
 ROOT = Path(__file__).resolve().parent.parent
 
 EXPECTED = {
+    "a2a": [
+        r"one instance, SQLite: CancelTask answer p50 [\d.]+ p99 [\d.]+ ms, model stream closed "
+        r"p50 [\d.]+ p99 [\d.]+ ms \| native :cancel answer p50 [\d.]+ p99 [\d.]+ ms"
+    ],
     "cancel_latency": [
         r"single +bare p50 [\d.]+ p99 [\d.]+ max [\d.]+ ms \| trio_agents p50 [\d.]+",
         r"loaded +bare p50 [\d.]+ .* \| trio_agents p50 [\d.]+",

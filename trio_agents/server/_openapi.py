@@ -514,6 +514,47 @@ def document(apps: list[str]) -> dict[str, Any]:
                 body=ref("Decision"),
             )
         },
+        # A2A (protocol 1.0, JSON-RPC binding; see trio_agents.server._a2a).
+        "/.well-known/agent-card.json": {
+            "get": {
+                "summary": "The A2A Agent Card: a skill per agent, bearer auth (no token needed)",
+                "security": [],
+                "responses": {"200": json_body({"type": "object"}, "the Agent Card")},
+            }
+        },
+        "/a2a": {
+            "post": op(
+                "A2A JSON-RPC: SendMessage, SendStreamingMessage, GetTask, ListTasks, "
+                "CancelTask, SubscribeToTask (errors are JSON-RPC errors, HTTP 200)",
+                {
+                    "200": {
+                        "description": "a JSON-RPC response, or for the streaming methods "
+                        "an SSE stream of them",
+                        "content": {
+                            "application/json": {"schema": {"type": "object"}},
+                            "text/event-stream": {
+                                "schema": {
+                                    "description": "one SSE event; `data` is a JSON-RPC "
+                                    "response whose `result` is an A2A StreamResponse (or, "
+                                    "as `event: error`, a JSON-RPC error)",
+                                    "type": "object",
+                                    "required": ["data"],
+                                    "properties": {
+                                        "event": {"type": "string"},
+                                        "data": {
+                                            "type": "string",
+                                            "contentMediaType": "application/json",
+                                        },
+                                    },
+                                }
+                            },
+                        },
+                    },
+                    **errors(429),
+                },
+                body={"type": "object"},
+            )
+        },
     }
     return {
         "openapi": "3.1.0",
