@@ -72,6 +72,7 @@ from .turnloop import TurnLoop as TurnLoop
 __version__ = "0.1.0.dev0"
 
 if _TYPE_CHECKING:
+    from . import mcp as mcp
     from . import otel as otel
     from . import server as server
 
@@ -80,7 +81,8 @@ def __getattr__(name: str) -> object:
     # `ta.server` is imported on first use: the web stack (Starlette, Hypercorn) is not
     # loaded by programs that never serve.
     # `ta.otel` likewise: OpenTelemetry's API is loaded only by programs that trace.
-    if name in ("server", "otel"):
+    # `ta.mcp` likewise: the MCP SDK is loaded only by programs that use MCP servers.
+    if name in ("server", "otel", "mcp"):
         import importlib
 
         return importlib.import_module(f".{name}", __name__)
