@@ -55,15 +55,6 @@ async def slow(tag: str, seconds: float = 60.0) -> str:
 
 
 @server.tool()
-async def hang(tag: str) -> str:
-    """Never answer, and ignore cancels (a server that never answers)."""
-    log("started", tag)
-    with anyio.CancelScope(shield=True):
-        await anyio.sleep(3600)
-    return "never"
-
-
-@server.tool()
 async def die(tag: str) -> str:
     """Kill this server process mid-call."""
     log("started", tag)
@@ -101,7 +92,20 @@ async def ask(tag: str, ctx: Context) -> str:
     return answer.action
 
 
+async def broken(x: int) -> str:
+    """A tool listed with a malformed inputSchema (MCP_BAD=schema) or name (MCP_BAD=name)."""
+    return str(x)
+
+
 def main() -> None:
+    bad = os.environ.get("MCP_BAD")
+    if bad == "schema":
+        server.add_tool(broken)
+        listed = server._tool_manager.get_tool("broken")
+        assert listed is not None
+        listed.parameters = {"type": "object", "properties": {"x": {"type": 12}}}
+    elif bad == "name":
+        server.add_tool(broken, name="has spaces")
     transport = sys.argv[1] if len(sys.argv) > 1 else "stdio"
     if transport == "stdio":
         server.run("stdio")
