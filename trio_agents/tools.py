@@ -93,6 +93,16 @@ class ToolContext:
     user_id: str | None = None
     idempotency_key: str = attrs.field()
     credentials: Mapping[str, str] = attrs.field(factory=dict, repr=False, eq=False, hash=False)
+    progress: Callable[[float, float | None, str | None], None] | None = attrs.field(
+        default=None, repr=False, eq=False, hash=False
+    )
+
+    def report_progress(
+        self, progress: float, total: float | None = None, message: str | None = None
+    ) -> None:
+        """Publish this call's progress as a ``tool_progress`` event (not journaled)."""
+        if self.progress is not None:
+            self.progress(progress, total, message)
 
     @idempotency_key.default
     def _default_idempotency_key(self) -> str:

@@ -26,6 +26,7 @@ journaled, so the transcript, the results sent back, the gates and a resume all 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeAlias
 
@@ -382,6 +383,7 @@ class Agent:
                 attempt=attempt,
                 user_id=ctx.user_id,
                 credentials=ctx.credentials(),
+                progress=functools.partial(ctx.emit_tool_progress, turn, call),
             )
             try:
                 result = await found.call(call, context)

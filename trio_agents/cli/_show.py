@@ -18,6 +18,7 @@ from ..events import (
     TextDelta,
     ToolCallFinished,
     ToolCallStarted,
+    ToolProgress,
 )
 from ..runner import Outcome
 from ._common import failure_hint
@@ -33,10 +34,14 @@ class _Running:
 
     def __init__(self) -> None:
         self.calls: dict[str, tuple[str, float]] = {}
+        self.progress: dict[str, str] = {}  # a call's last reported progress, as shown
 
     def __rich__(self) -> RenderableType:
         now = time.monotonic()
-        running = [f"{name} {now - start:.1f}s" for name, start in list(self.calls.values())]
+        running = [
+            f"{name}{self.progress.get(call_id, '')} {now - start:.1f}s"
+            for call_id, (name, start) in list(self.calls.items())
+        ]
         return Text("running " + ", ".join(running), style="yellow")
 
 
@@ -63,7 +68,13 @@ class EventPrinter:
             if self._status is None:
                 self._status = self.console.status(self._running, spinner="dots")
                 self._status.start()
+        elif isinstance(event, ToolProgress):
+            done = f"{event.progress:g}" + (f"/{event.total:g}" if event.total is not None else "")
+            self._running.progress[event.call_id] = f" {done}" + (
+                f" {event.message}" if event.message else ""
+            )
         elif isinstance(event, ToolCallFinished):
+            self._running.progress.pop(event.result.call_id, None)
             name, started = self._running.calls.pop(event.result.call_id, ("", time.monotonic()))
             took = time.monotonic() - started
             result = event.result
@@ -88,6 +99,7 @@ class EventPrinter:
     def close(self) -> None:
         self.stop_spinner()
         self._running.calls.clear()
+        self._running.progress.clear()
         self.end_line()
 
     def __enter__(self) -> EventPrinter:

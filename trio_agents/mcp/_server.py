@@ -50,6 +50,7 @@ from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 
 from .._exceptions import MCPServerError, UsageError
@@ -241,9 +242,15 @@ class MCPServer:
 
     # ---- calls ----------------------------------------------------------------------------
 
-    async def call_tool(self, name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
+    async def call_tool(
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        *,
+        progress: Callable[[float, float | None, str | None], None] | None = None,
+    ) -> tuple[str, bool]:
         """Call the server's tool ``name``; return its answer as text and whether it is an
-        error result.
+        error result.  The server's ``notifications/progress`` for the call go to ``progress``.
 
         On cancel: the SDK sends ``notifications/cancelled``; then one ``ping`` round trip
         (shielded, at most ``cancel_confirm_timeout`` seconds) makes sure the server has
@@ -256,7 +263,9 @@ class MCPServer:
         """
         conn = await self._ready()
         try:
-            result = await conn.session.call_tool(name, arguments)
+            result = await conn.session.call_tool(
+                name, arguments, progress_callback=_on_progress(progress)
+            )
         except trio.Cancelled:
             await self._confirm_cancel(conn)
             raise
@@ -400,6 +409,19 @@ async def _http_transport(url: str, headers: dict[str, str]) -> AsyncIterator[_S
         streamable_http_client(url, http_client=client) as streams,
     ):
         yield streams
+
+
+def _on_progress(
+    progress: Callable[[float, float | None, str | None], None] | None,
+) -> ProgressFnT | None:
+    if progress is None:
+        return None
+    report = progress
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        report(progress, total, message)
+
+    return on_progress
 
 
 def _text_of(result: mcp_types.CallToolResult) -> str:

@@ -137,9 +137,9 @@ class MCPTool(Tool[..., Any]):
         if isinstance(arguments, str):
             return self._error(call, arguments)
         if self.timeout is None:
-            return await self._run_call(call, arguments)
+            return await self._run_call(call, arguments, context)
         with trio.move_on_after(self.timeout) as scope:
-            result = await self._run_call(call, arguments)
+            result = await self._run_call(call, arguments, context)
         # Only our own deadline is caught here; the invocation's cancel passes through.
         if scope.cancelled_caught:
             return self._error(
@@ -149,9 +149,13 @@ class MCPTool(Tool[..., Any]):
             )
         return result
 
-    async def _run_call(self, call: ToolCall, arguments: dict[str, Any]) -> ToolResult:
+    async def _run_call(
+        self, call: ToolCall, arguments: dict[str, Any], context: ToolContext
+    ) -> ToolResult:
         try:
-            text, is_error = await self.server.call_tool(self.remote_name, arguments)
+            text, is_error = await self.server.call_tool(
+                self.remote_name, arguments, progress=context.report_progress
+            )
         except MCPServerError as exc:
             return self._error(call, str(exc))
         return ToolResult(call_id=call.id, name=self.name, content=text, is_error=is_error)
