@@ -88,6 +88,15 @@ EXPECTED = {
         r"\| 20 \| \d+ \| \d+ \| \d+ \| \d+ \| [\d.]+ / [\d.]+ / [\d.]+ \| \d+ \| \d+ / \d+ \|"
         r" \d+ \| [\d.]+ \| [\d.]+ \| \d+% \| \d+, \d+ ms \| \d+ / \d+ \|"
     ],
+    "mcp": [
+        rf"{transport} +no-op call: bare mcp client \d+ us \| trio_agents tool \d+ us \| [\d.]+x"
+        for transport in ("stdio", "http")
+    ]
+    + [
+        rf"{transport} +cancel -> server observed: p50 [\d.]+ p99 [\d.]+ ms \| -> wait\(\) "
+        r"returned: p50 [\d.]+ p99 [\d.]+ ms \| observed after wait\(\): 0/\d+"
+        for transport in ("stdio", "http")
+    ],
     "parked": [
         r"memory per parked invocation: [\d.]+ KiB Python \(RSS -?[\d.]+ KiB\)",
         r"start: [\d.]+ s \([\d.]+ us/start\)",

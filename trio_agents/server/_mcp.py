@@ -1,0 +1,123 @@
+"""Agents served as MCP tools: each agent is a tool ``<agent name>(input: str)`` whose call is one
+invocation.  Used by ``trio-agents mcp module:agent`` (stdio) and by :func:`mcp_app` (streamable
+HTTP, mounted by ``trio-agents serve``).
+
+Who owns what: the invocation runs in the runner's nursery, like any other; the MCP request's
+handler (a task of the SDK's server, in its cancel scope) starts it, forwards its events as
+progress notifications, and waits for its one outcome.
+
+What happens on cancel: the MCP client's ``notifications/cancelled`` (or, on streamable HTTP at
+the newer protocol, its closing the request's stream) cancels the handler's scope; the handler
+then cancels the invocation ``immediate`` (its model stream is closed), waits - shielded, at
+most ``cleanup_timeout`` seconds - for it to end, and lets ``Cancelled`` go on.  The SDK does
+not answer a cancelled request.  The invocation's ending is journaled like any other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import mcp_types as types
+import trio
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import Server
+from starlette.applications import Starlette
+
+from ..agents import AgentLike
+from ..events import Event, InvocationEnded, TextDelta, ToolCallFinished, ToolCallStarted
+from ..runner import EventStream, Runner
+
+__all__ = ["CLIENT_CANCELLED", "agents_mcp_server", "mcp_app"]
+
+CLIENT_CANCELLED = "the MCP client cancelled the call"
+
+_INPUT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"input": {"type": "string", "description": "the message for the agent"}},
+    "required": ["input"],
+}
+
+
+def agents_mcp_server(agents: Sequence[AgentLike], runner: Runner) -> Server[Any]:
+    """An MCP server (the SDK's low-level one) whose tools are ``agents``, run by ``runner``."""
+    by_name = {agent.name: agent for agent in agents}
+
+    async def list_tools(
+        ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(
+            tools=[
+                types.Tool(
+                    name=agent.name,
+                    description=getattr(agent, "description", "") or f"Ask the agent {agent.name}",
+                    input_schema=_INPUT_SCHEMA,
+                )
+                for agent in by_name.values()
+            ]
+        )
+
+    async def call_tool(
+        ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        agent = by_name.get(params.name)
+        if agent is None:
+            return _error(f"no agent named {params.name!r}; the agents are: {', '.join(by_name)}")
+        text = (params.arguments or {}).get("input")
+        if not isinstance(text, str):
+            return _error(f"agent {params.name!r} needs an 'input' string argument")
+        inv = await runner.start(agent, text)
+        try:
+            await _forward_progress(ctx, inv.events())  # until its terminal event
+            outcome = await inv.wait()
+        except trio.Cancelled:
+            inv.cancel("immediate", reason=CLIENT_CANCELLED)
+            with trio.CancelScope(shield=True) as scope:
+                scope.deadline = trio.current_time() + runner.cleanup_timeout
+                await inv.wait()
+            raise
+        if outcome.status == "completed":
+            return types.CallToolResult(
+                content=[types.TextContent(type="text", text=outcome.output)]
+            )
+        why = outcome.error or outcome.reason or ""
+        return _error(
+            f"the invocation {inv.id} ended {outcome.status}" + (f": {why}" if why else "")
+        )
+
+    return Server("trio-agents", on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+async def _forward_progress(ctx: ServerRequestContext[Any, Any], events: EventStream) -> None:
+    """Each event of the invocation as a progress notification (a no-op when the client
+    asked for no progress): progress counts the events, the message says what happened."""
+    count = 0
+    async for event in events:
+        message = _describe(event)
+        if message is None:
+            continue
+        count += 1
+        await ctx.session.report_progress(count, None, message)
+
+
+def _describe(event: Event) -> str | None:
+    if isinstance(event, TextDelta):
+        return event.text
+    if isinstance(event, ToolCallStarted):
+        return f"calling {event.call.name}"
+    if isinstance(event, ToolCallFinished):
+        return f"{event.result.name} answered"
+    if isinstance(event, InvocationEnded):
+        return f"ended {event.status}"
+    return None
+
+
+def _error(message: str) -> types.CallToolResult:
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=message)], is_error=True
+    )
+
+
+def mcp_app(agents: Sequence[AgentLike], runner: Runner) -> Starlette:
+    """A streamable HTTP MCP endpoint (at ``/mcp`` of the returned app) serving ``agents``."""
+    return agents_mcp_server(agents, runner).streamable_http_app(streamable_http_path="/mcp")
