@@ -8,16 +8,35 @@ import os
 import sys
 from pathlib import Path
 
+import httpx2
+import pytest
 import trio
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 
+import trio_agents as ta
 from trio_agents.events import InvocationEnded
+from trio_agents.models import OpenAIChat
 from trio_agents.server._mcp import CLIENT_CANCELLED
-from trio_agents.stores import SQLiteStore
+from trio_agents.stores import MemoryStore, SQLiteStore
 from trio_agents.testing import open_fake_server, openai_stream
 
+from ._helpers import eventually
+from ._server import ALICE, auth, open_server
+
 ROOT = Path(__file__).resolve().parent.parent
+
+# The SDK's streamable HTTP client leaves a cancelled POST's response iterators to the garbage
+# collector (see tests/test_mcp.py).
+pytestmark = [
+    pytest.mark.filterwarnings(
+        "ignore:Exception ignored in. <async_generator object (PoolByteStream|Response|EventSource)"
+        ":pytest.PytestUnraisableExceptionWarning"
+    ),
+    pytest.mark.filterwarnings("ignore:Async generator 'httpcore?2.*:ResourceWarning"),
+]
 
 
 async def test_an_mcp_client_calls_an_agent_over_stdio_and_cancels_it(tmp_path: Path) -> None:
@@ -77,3 +96,45 @@ async def test_an_mcp_client_calls_an_agent_over_stdio_and_cancels_it(tmp_path: 
             ended.append((record.status, ends[-1].reason))
         ended.sort()
     assert ended == [("cancelled", CLIENT_CANCELLED), ("completed", None)]
+
+
+async def test_an_mcp_client_calls_an_agent_over_streamable_http_and_cancels_it() -> None:
+    """``create_app(..., mcp=True)`` (``serve --mcp``) on a real Hypercorn: the official
+    client needs a token (401 without), calls the agent, then cancels a call; the invocation
+    ends ``cancelled`` and the model server sees our stream close."""
+    store = MemoryStore()
+    async with open_fake_server() as fake:
+        fake.enqueue(openai_stream(["Hello", " there"]))
+        fake.enqueue(openai_stream([f"w{i} " for i in range(400)], delay=0.05))
+        model = OpenAIChat("fake-model", base_url=fake.base_url, api_key="sk-test")
+        agent = ta.Agent(name="talker", model=model)
+        async with (
+            ta.Runner(store=store) as runner,
+            open_server([agent], runner=runner, mcp=True) as url,
+        ):
+            async with httpx2.AsyncClient() as plain:
+                refused = await plain.post(f"{url}/mcp", json={})
+            assert refused.status_code == 401
+            with trio.fail_after(60):
+                async with (
+                    create_mcp_http_client(headers=auth(ALICE)) as client,
+                    streamable_http_client(f"{url}/mcp", http_client=client) as streams,
+                    ClientSession(*streams) as session,
+                ):
+                    await session.initialize()
+                    listed = await session.list_tools()
+                    assert [t.name for t in listed.tools] == ["talker"]
+                    answer = await session.call_tool("talker", {"input": "hi"})
+                    assert answer.content[0].model_dump()["text"] == "Hello there"
+
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(session.call_tool, "talker", {"input": "a story"})
+                        await fake.wait_requests(2)
+                        await trio.sleep(0.3)
+                        nursery.cancel_scope.cancel()
+                    (stream,) = await fake.wait_disconnect(1)
+                    assert not stream.completed
+            records = await store.list_invocations()
+            await eventually(lambda: not any(runner.is_active(r.id) for r in records))
+            records = await store.list_invocations()
+            assert sorted(r.status for r in records) == ["cancelled", "completed"]

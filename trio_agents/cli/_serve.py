@@ -45,6 +45,7 @@ async def serve_agents(
     ui: bool = True,
     recover: Recover = "resume",
     otel: bool = False,
+    mcp: bool = False,
 ) -> None:
     """Serve ``agents`` (and, with ``ui``, the dev UI at ``/``) until SIGTERM or Ctrl-C.
 
@@ -76,6 +77,7 @@ async def serve_agents(
             max_active_per_user=max_active_per_user,
             ui=ui,
             recover=recover,
+            mcp=mcp,
         )
     finally:
         if telemetry is not None:
@@ -96,6 +98,7 @@ async def _serve(
     max_active_per_user: int,
     ui: bool,
     recover: Recover,
+    mcp: bool = False,
 ) -> None:
     async with opening as runner:
         app = create_app(
@@ -106,6 +109,7 @@ async def _serve(
             cors_origins=cors_origins,
             max_active_per_user=max_active_per_user,
             ui=ui,
+            mcp=mcp,
         )
         async with trio.open_nursery() as nursery:
             urls: list[str] = await nursery.start(partial(serve, app, host=host, port=port))
@@ -179,6 +183,9 @@ def register(app: typer.Typer) -> None:
                 "variables say (needs trio-agents[otel])"
             ),
         ] = False,
+        mcp: Annotated[
+            bool, typer.Option(help="serve the agents as MCP tools at /mcp (streamable HTTP)")
+        ] = False,
     ) -> None:
         """Serve agents over HTTP, SSE and WebSocket, with the dev UI at /, until SIGTERM or
         Ctrl-C."""
@@ -207,6 +214,7 @@ def register(app: typer.Typer) -> None:
                 recover=recover.value,
                 ui=ui,
                 otel=otel,
+                mcp=mcp,
             )
             return 0
 

@@ -1,6 +1,6 @@
 """Agents served as MCP tools: each agent is a tool ``<agent name>(input: str)`` whose call is one
-invocation.  Used by ``trio-agents mcp module:agent`` (stdio) and by :func:`mcp_app` (streamable
-HTTP, mounted by ``trio-agents serve``).
+invocation.  Used by ``trio-agents mcp module:agent`` (stdio) and by :class:`MCPEndpoint`
+(streamable HTTP at ``/mcp``: ``create_app(..., mcp=True)``, ``trio-agents serve --mcp``).
 
 Who owns what: the invocation runs in the runner's nursery, like any other; the MCP request's
 handler (a task of the SDK's server, in its cancel scope) starts it, forwards its events as
@@ -15,7 +15,8 @@ not answer a cancelled request.  The invocation's ending is journaled like any o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 import mcp_types as types
@@ -23,12 +24,17 @@ import trio
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
+from starlette.types import Receive, Scope, Send
 
 from ..agents import AgentLike
 from ..events import Event, InvocationEnded, TextDelta, ToolCallFinished, ToolCallStarted
 from ..runner import EventStream, Runner
+from ._auth import Auth
+from ._errors import ApiError
 
-__all__ = ["CLIENT_CANCELLED", "agents_mcp_server", "mcp_app"]
+__all__ = ["CLIENT_CANCELLED", "MCPEndpoint", "agents_mcp_server"]
 
 CLIENT_CANCELLED = "the MCP client cancelled the call"
 
@@ -118,6 +124,35 @@ def _error(message: str) -> types.CallToolResult:
     )
 
 
-def mcp_app(agents: Sequence[AgentLike], runner: Runner) -> Starlette:
-    """A streamable HTTP MCP endpoint (at ``/mcp`` of the returned app) serving ``agents``."""
-    return agents_mcp_server(agents, runner).streamable_http_app(streamable_http_path="/mcp")
+class MCPEndpoint:
+    """``/mcp`` of ``create_app(..., mcp=True)``: streamable HTTP MCP, serving the agents as
+    tools; the bearer tokens of the rest of the API apply (a 401 without one).
+
+    Who owns what: the SDK's session manager holds the MCP sessions in a task group that
+    :meth:`lifespan` opens for the app's life (Hypercorn runs it at startup, cancels it at
+    shutdown).  A request's handler runs in that task group; a cancel from the client (its
+    ``notifications/cancelled``) cancels the invocation as on stdio.
+    """
+
+    def __init__(self, agents: Sequence[AgentLike], runner: Runner, auth: Auth) -> None:
+        from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+
+        self._auth = auth
+        self.manager = StreamableHTTPSessionManager(agents_mcp_server(agents, runner))
+
+    @asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        async with self.manager.run():
+            yield
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = Headers(scope=scope)
+        try:
+            self._auth.user(headers.get("authorization"))
+        except ApiError as exc:
+            body = {"error": {"code": exc.code, "message": exc.message}}
+            await JSONResponse(body, status_code=exc.status, headers=exc.headers)(
+                scope, receive, send
+            )
+            return
+        await self.manager.handle_request(scope, receive, send)
