@@ -29,6 +29,7 @@ from .mcp_servers import http_server_url, observed, stdio_server
 # collector when a call is cancelled (httpx2's stream is not closed with aclosing): a warning
 # from inside the SDK, not a leak of ours.
 pytestmark = [
+    pytest.mark.slow,  # real MCP server processes
     pytest.mark.filterwarnings(
         "ignore:Exception ignored in. <async_generator object (PoolByteStream|Response|EventSource)"
         ":pytest.PytestUnraisableExceptionWarning"

@@ -26,6 +26,8 @@ from ._helpers import eventually, run_then_crash
 from .conftest import FakeClock
 from .mcp_servers import TOOLS_SERVER, observed, pids, stdio_server
 
+pytestmark = pytest.mark.slow  # real MCP server processes
+
 
 def _agent(server: ta.mcp.MCPServer, *turns: ScriptedTurn | str) -> ta.Agent:
     return ta.Agent(name="ops", model=ScriptedModel([*turns, "done"]), tools=[server])

@@ -7,6 +7,7 @@ import io
 import json
 from pathlib import Path
 
+import pytest
 import trio
 from rich.console import Console
 
@@ -23,6 +24,7 @@ from ._sse_client import read_frames
 from .mcp_servers import stdio_server
 
 
+@pytest.mark.slow
 async def test_progress_reaches_an_sse_client_and_is_not_journaled(tmp_path: Path) -> None:
     """Each ``notifications/progress`` of the MCP call arrives as a ``tool_progress`` frame
     (progress, total, message, the call) before the call's result; the journal has none."""

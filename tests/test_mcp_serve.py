@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # The SDK's streamable HTTP client leaves a cancelled POST's response iterators to the garbage
 # collector (see tests/test_mcp.py).
 pytestmark = [
+    pytest.mark.slow,  # real MCP server processes
     pytest.mark.filterwarnings(
         "ignore:Exception ignored in. <async_generator object (PoolByteStream|Response|EventSource)"
         ":pytest.PytestUnraisableExceptionWarning"

@@ -34,6 +34,7 @@ Nothing here is persisted: the journal of a call (its intent, its result) is the
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
@@ -58,6 +59,8 @@ from ..tools import _NAME_RE, Tool
 from ._tool import MCPTool, ToolPolicy
 
 __all__ = ["MCPServer"]
+
+logger = logging.getLogger(__name__)
 
 _Streams = tuple[Any, Any]
 _Transport = Callable[[], AbstractAsyncContextManager[_Streams]]
@@ -329,17 +332,26 @@ class MCPServer:
     async def _hold(
         self, *, task_status: trio.TaskStatus[tuple[_Connection, dict[str, MCPTool]]]
     ) -> None:
-        with trio.CancelScope() as scope:
-            async with AsyncExitStack() as stack:
-                read, write = await stack.enter_async_context(self._transport())
-                session = await stack.enter_async_context(ClientSession(read, write))
-                with trio.fail_after(self.connect_timeout):
-                    await session.initialize()
-                    listed = await _list_tools(session)
-                tools = self._build(listed)
-                conn = _Connection(session=session, scope=scope)
-                task_status.started((conn, tools))
-                await trio.sleep_forever()
+        conn: _Connection | None = None
+        try:
+            with trio.CancelScope() as scope:
+                async with AsyncExitStack() as stack:
+                    read, write = await stack.enter_async_context(self._transport())
+                    session = await stack.enter_async_context(ClientSession(read, write))
+                    with trio.fail_after(self.connect_timeout):
+                        await session.initialize()
+                        listed = await _list_tools(session)
+                    tools = self._build(listed)
+                    conn = _Connection(session=session, scope=scope)
+                    task_status.started((conn, tools))
+                    await trio.sleep_forever()
+        except Exception as exc:
+            if conn is None:
+                raise  # before readiness: the caller of _connect gets it
+            # A transport that fails while serving must not take down the runner's toolset
+            # nursery: the session is broken, the next call reconnects.
+            conn.broken = True
+            logger.warning("MCP server %r: the session failed", self.name, exc_info=exc)
 
     def _build(self, listed: list[mcp_types.Tool]) -> dict[str, MCPTool]:
         names = [t.name for t in listed]
