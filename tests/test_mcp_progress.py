@@ -22,6 +22,7 @@ from trio_agents.stores import MemoryStore
 from ._server import open_client, open_server
 from ._sse_client import read_frames
 from .mcp_servers import stdio_server
+from .test_server_live import kind, open_live, open_live_server, receive, until
 
 
 @pytest.mark.slow
@@ -82,3 +83,32 @@ def test_the_cli_spinner_shows_a_calls_progress() -> None:
         with shown.capture() as captured:
             shown.print(printer._running)
     assert "steps 2/4 copying" in captured.get()
+
+
+@pytest.mark.slow
+async def test_progress_reaches_a_websocket_client(tmp_path: Path) -> None:
+    """On ``/run_live`` (a real socket), the turn's MCP call sends its ``tool_progress``
+    events, each with a cursor, before the call's result."""
+    server = stdio_server(tmp_path / "log")
+    agent = ta.Agent(
+        name="helper",
+        model=ScriptedModel([ScriptedTurn.call("steps", json.dumps({"count": 2}), id="c1"), "ok"]),
+        tools=[server],
+    )
+    with trio.fail_after(60):
+        async with (
+            ta.Runner() as runner,
+            open_live_server([agent], runner) as (url, _),
+            open_live(url) as ws,
+        ):
+            assert (await receive(ws))["type"] == "ready"
+            await ws.send_message(json.dumps({"type": "message", "text": "go"}))
+            frames = await until(ws, kind("loop_turn_ended"))
+    events = [f for f in frames if f["type"] == "event"]
+    progress = [f for f in events if f["kind"] == "tool_progress"]
+    assert [(f["progress"], f["total"], f["message"]) for f in progress] == [
+        (1, 2, "step 1"),
+        (2, 2, "step 2"),
+    ]
+    kinds = [f["kind"] for f in events]
+    assert kinds.index("tool_progress") < kinds.index("tool_call_finished")
