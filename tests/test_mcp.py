@@ -99,14 +99,16 @@ async def test_a_cancel_reaches_the_server_before_wait_returns(
 ) -> None:
     """A cancel during a slow MCP tool: when ``wait()`` returns, the server's tool has been
     cancelled and its ``finally`` ran; the journal has the call started once, never finished;
-    the shared session still serves the next invocation."""
+    another invocation's call on the shared session goes on undisturbed, and the session
+    serves the next invocation."""
     log = tmp_path / "log"
     store = MemoryStore()
     async with open_server(log) as server, ta.Runner(store=store) as runner:
         agent = _agent(server, _call("slow", tag="a", seconds=60))
         inv = await runner.start(agent, "go")
+        other = await runner.start(_agent(server, _call("slow", tag="o", seconds=1)), "go")
         with trio.fail_after(20):
-            await eventually(lambda: "started a" in observed(log))
+            await eventually(lambda: {"started a", "started o"} <= set(observed(log)))
         inv.cancel("immediate", reason="user pressed stop")
         outcome = await inv.wait()
         seen = observed(log)  # read at once: what the server had done when wait() returned
@@ -119,6 +121,9 @@ async def test_a_cancel_reaches_the_server_before_wait_returns(
         assert not [e for e in journal if isinstance(e, ToolCallFinished)]
         assert [e.status for e in journal if isinstance(e, InvocationEnded)] == ["cancelled"]
 
+        # The other invocation's call, in flight on the same session, was not disturbed.
+        assert (await other.wait()).status == "completed"
+        assert "finished o" in observed(log)
         again = await runner.run(_agent(server, _call("echo", text="still here")), "go")
         assert again.status == "completed"
         assert server.connections == 1
