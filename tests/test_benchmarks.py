@@ -97,6 +97,15 @@ EXPECTED = {
         r"ag-ui +\d+ events/s +server CPU +[\d.]+ us/event",
         r"ag-ui / native: [\d.]+x events/s, [\d.]+x CPU",
     ],
+    "mcp": [
+        rf"{transport} +no-op call: bare mcp client \d+ us \| trio_agents tool \d+ us \| [\d.]+x"
+        for transport in ("stdio", "http")
+    ]
+    + [
+        rf"{transport} +cancel -> server observed: p50 [\d.]+ p99 [\d.]+ ms \| -> wait\(\) "
+        r"returned: p50 [\d.]+ p99 [\d.]+ ms \| observed after wait\(\): 0/\d+"
+        for transport in ("stdio", "http")
+    ],
     "parked": [
         r"memory per parked invocation: [\d.]+ KiB Python \(RSS -?[\d.]+ KiB\)",
         r"start: [\d.]+ s \([\d.]+ us/start\)",

@@ -25,7 +25,7 @@ def test_public_names_are_pinned() -> None:
     exported = {name for name in vars(ta) if not name.startswith("_")}
     # submodules bound by import
     exported -= {"agents", "approvals", "hooks", "messages", "runner", "tools", "turnloop"}
-    assert exported == PUBLIC | ({"testing", "server", "cli", "otel", "a2a"} & exported)
+    assert exported == PUBLIC | ({"testing", "server", "cli", "otel", "a2a", "mcp"} & exported)
 
 
 def test_the_server_loads_on_first_use() -> None:

@@ -73,6 +73,7 @@ __version__ = "0.1.0.dev0"
 
 if _TYPE_CHECKING:
     from . import a2a as a2a
+    from . import mcp as mcp
     from . import otel as otel
     from . import server as server
 
@@ -82,7 +83,8 @@ def __getattr__(name: str) -> object:
     # loaded by programs that never serve.
     # `ta.otel` likewise: OpenTelemetry's API is loaded only by programs that trace.
     # `ta.a2a` likewise: the a2a-sdk's types are loaded only by programs that call A2A agents.
-    if name in ("server", "otel", "a2a"):
+    # `ta.mcp` likewise: the MCP SDK is loaded only by programs that use MCP servers.
+    if name in ("server", "otel", "a2a", "mcp"):
         import importlib
 
         return importlib.import_module(f".{name}", __name__)

@@ -24,6 +24,8 @@ world outside, and signals are kept apart::
     │   └── StreamErrorEvent               an error event inside a 200 stream (Groq, OpenRouter,
     │                                      Anthropic, OpenAI Responses)
     ├── ToolError                          raised *by a tool* to send a message back to the model
+    ├── MCPServerError                     an MCP server could not be started, reached or
+    │                                      listed (``ta.mcp``; names the server)
     ├── NeedsCredential                    raised *by a tool*: a signal, not a failure - the
     │                                      invocation asks for the credential, then runs it again
     ├── MaxTurnsExceeded                   the agent loop ran out of turns
@@ -53,6 +55,7 @@ __all__ = [
     "GateClosed",
     "InvocationNotFound",
     "LeaseError",
+    "MCPServerError",
     "MalformedStreamError",
     "MaxTurnsExceeded",
     "ModelConnectionError",
@@ -207,6 +210,12 @@ class StreamErrorEvent(ModelError):
 
 class ToolError(TrioAgentsError):
     """Raised by a tool to report a failure to the model with exactly this message."""
+
+
+class MCPServerError(TrioAgentsError):
+    """An MCP server (:mod:`trio_agents.mcp`) could not be started or reached, died, or listed
+    tools that cannot be used; the message names the server.  Raised when the runner opens the
+    server; during a call the model gets it as a tool error instead."""
 
 
 class NeedsCredential(TrioAgentsError):

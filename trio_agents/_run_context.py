@@ -26,6 +26,7 @@ from .events import (
     StepFinished,
     ToolCallFinished,
     ToolCallStarted,
+    ToolProgress,
     TurnFinished,
 )
 from .hooks import InvocationHooks, ModelCall, ModelCallEnd, StepCall, StepCallEnd
@@ -155,6 +156,20 @@ class InvocationContext:
 
     def emit_reasoning(self, turn: int, text: str) -> None:
         self._rec.publish_ephemeral(ReasoningDelta, path=self.path, turn=turn, text=text)
+
+    def emit_tool_progress(
+        self, turn: int, call: ToolCall, progress: float, total: float | None, message: str | None
+    ) -> None:
+        self._rec.publish_ephemeral(
+            ToolProgress,
+            path=self.path,
+            turn=turn,
+            call_id=call.id,
+            tool=call.name,
+            progress=progress,
+            total=total,
+            message=message,
+        )
 
     async def room(self) -> None:
         await self._rec.room()

@@ -92,6 +92,7 @@ __all__ = [
     "TextDelta",
     "ToolCallFinished",
     "ToolCallStarted",
+    "ToolProgress",
     "TurnFinished",
     "check_cancel_mode",
     "converter",
@@ -281,6 +282,25 @@ class ReasoningDelta:
     path: str = ""
     turn: int
     text: str
+
+
+@attrs.frozen(kw_only=True)
+class ToolProgress:
+    """A running tool call reported progress (an MCP server's ``notifications/progress``, or
+    ``ToolContext.report_progress``).  Ephemeral: published at once, never replayed."""
+
+    kind: Literal["tool_progress"] = "tool_progress"
+    invocation_id: str
+    seq: int
+    sub: int = 0
+    at: float
+    path: str = ""
+    turn: int
+    call_id: str
+    tool: str
+    progress: float
+    total: float | None = None
+    message: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -610,6 +630,7 @@ Event: TypeAlias = (
     InvocationStarted
     | TextDelta
     | ReasoningDelta
+    | ToolProgress
     | ToolCallStarted
     | ToolCallFinished
     | TurnFinished
@@ -635,6 +656,7 @@ _EVENT_TYPES: Final[dict[str, type[Any]]] = {
         InvocationStarted,
         TextDelta,
         ReasoningDelta,
+        ToolProgress,
         ToolCallStarted,
         ToolCallFinished,
         TurnFinished,

@@ -92,7 +92,7 @@ from ._stream import EventStream
 from ._upkeep import renew_leases, watch_requests
 from ._writer import JournalWriter
 from .agents._context import AgentLike
-from .agents._models import models_of
+from .agents._models import models_of, toolsets_of
 from .batch import Batch, open_batch, serve_batches
 from .events import CancelMode, EventId, check_cancel_mode
 from .hooks import HookSet
@@ -100,6 +100,7 @@ from .models._base import Model
 from .stores._base import InvocationRecord, JournalWrite, Store
 from .stores._batches import BatchRecord, JobStatus
 from .stores._open import open_store
+from .tools import Toolset
 from .turnloop import LOOP_PREFIX, LoopEventStream, Policy, TurnLoop, loop_id, open_turn_loop
 
 __all__ = ["CancelMode", "EventStream", "Invocation", "Outcome", "Runner", "TurnLoop"]
@@ -224,6 +225,8 @@ class Runner(InvocationControl):
         self._nursery: trio.Nursery | None = None
         self._stack: AsyncExitStack | None = None
         self._models: AsyncExitStack | None = None
+        self._toolsets: trio.Nursery | None = None
+        self._serving: dict[int, trio.Event] = {}  # toolsets started here, by identity
         # The models this runner holds open, and the agents whose models it opened, by identity
         # (the objects are kept, so an id is never reused while it is here).
         self._opened: dict[int, Model | AgentLike] = {}
@@ -287,6 +290,10 @@ class Runner(InvocationControl):
             # The models the invocations use are opened on first use and closed once every
             # invocation has ended.
             self._models = await stack.enter_async_context(AsyncExitStack())
+            # Toolsets (MCP servers) are served by tasks of their own nursery, outside every
+            # invocation's scope, and cancelled once every invocation has ended.
+            self._toolsets = await stack.enter_async_context(trio.open_nursery())
+            stack.callback(self._toolsets.cancel_scope.cancel)
             stack.callback(self._opened.clear)
             self._nursery = await stack.enter_async_context(trio.open_nursery())
             self._stack = stack.pop_all()
@@ -300,6 +307,8 @@ class Runner(InvocationControl):
         finally:
             self._nursery = None
             self._models = None
+            self._toolsets = None
+            self._serving.clear()
             self._store = None
             self._env = None
 
@@ -399,7 +408,27 @@ class Runner(InvocationControl):
             if id(model) not in self._opened:
                 await self._models.enter_async_context(model)
                 self._opened[id(model)] = model
+        for toolset in toolsets_of(agent):
+            await self._serve_toolset(toolset)
         self._opened[id(agent)] = agent
+
+    async def _serve_toolset(self, toolset: Toolset) -> None:
+        """Start serving ``toolset`` in the runner's toolset nursery, once; a caller that
+        comes while another starts it waits for that start.  A toolset that cannot start
+        raises its error here (and is tried again by the next caller)."""
+        assert self._toolsets is not None
+        while (ready := self._serving.get(id(toolset))) is not None:
+            if ready.is_set():
+                return
+            await ready.wait()  # then served, or failed and forgotten: try it here
+        ready = self._serving[id(toolset)] = trio.Event()
+        try:
+            await self._toolsets.start(toolset.serve)
+        except BaseException:
+            del self._serving[id(toolset)]
+            raise
+        finally:
+            ready.set()
 
     async def _launch(
         self, nursery: trio.Nursery, inv: Invocation, with_write: JournalWrite | None = None

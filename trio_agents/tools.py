@@ -27,7 +27,17 @@ import re
 import types
 import typing
 from collections.abc import Callable, Mapping
-from typing import Any, Generic, ParamSpec, TypedDict, TypeVar, Unpack, overload
+from typing import (
+    Any,
+    Generic,
+    ParamSpec,
+    Protocol,
+    TypedDict,
+    TypeVar,
+    Unpack,
+    overload,
+    runtime_checkable,
+)
 
 import attrs
 import docstring_parser
@@ -39,7 +49,7 @@ from pydantic.fields import FieldInfo
 from ._exceptions import NeedsCredential, ToolError, UsageError
 from .messages import ToolCall, ToolResult, ToolSpec
 
-__all__ = ["Tool", "ToolContext", "ToolOptions", "tool"]
+__all__ = ["Tool", "ToolContext", "ToolOptions", "Toolset", "tool"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -83,6 +93,16 @@ class ToolContext:
     user_id: str | None = None
     idempotency_key: str = attrs.field()
     credentials: Mapping[str, str] = attrs.field(factory=dict, repr=False, eq=False, hash=False)
+    progress: Callable[[float, float | None, str | None], None] | None = attrs.field(
+        default=None, repr=False, eq=False, hash=False
+    )
+
+    def report_progress(
+        self, progress: float, total: float | None = None, message: str | None = None
+    ) -> None:
+        """Publish this call's progress as a ``tool_progress`` event (not journaled)."""
+        if self.progress is not None:
+            self.progress(progress, total, message)
 
     @idempotency_key.default
     def _default_idempotency_key(self) -> str:
@@ -92,6 +112,29 @@ class ToolContext:
         """The credential ``name`` submitted for this invocation, or ``None`` (then raise
         ``NeedsCredential(name)`` to ask for it)."""
         return self.credentials.get(name)
+
+
+@runtime_checkable
+class Toolset(Protocol):
+    """Tools that exist only while their owner serves them (an MCP server's: see
+    :mod:`trio_agents.mcp`).  An agent given a toolset (``Agent(tools=[server])``) asks it for
+    :meth:`current_tools` at each model turn.
+
+    The runner owns a toolset like a model: it starts :meth:`serve` in a nursery of its own (not
+    in any invocation's scope) before the first invocation that needs it, shares it among all
+    invocations, and cancels it when the runner closes, after the last invocation ended.
+    """
+
+    name: str
+
+    def current_tools(self) -> Mapping[str, Tool[..., Any]]:
+        """The tools by the name the model sees; raises :class:`UsageError` when not served."""
+        ...
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Open, report readiness through ``task_status`` once :attr:`tools` can be read, and
+        hold the toolset open until cancelled (:meth:`current_tools` can be read meanwhile)."""
+        ...
 
 
 @attrs.frozen

@@ -156,6 +156,12 @@ class RunContext(Protocol):
 
     def emit_reasoning(self, turn: int, text: str) -> None: ...
 
+    def emit_tool_progress(
+        self, turn: int, call: ToolCall, progress: float, total: float | None, message: str | None
+    ) -> None:
+        """Publish a running call's progress (``tool_progress``; not journaled)."""
+        ...
+
     async def room(self) -> None:
         """Back-pressure: wait while this invocation has published more deltas than the
         store has taken yet.  Returns at once (no checkpoint) when there is room; a cancel

@@ -26,6 +26,7 @@ journaled, so the transcript, the results sent back, the gates and a resume all 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeAlias
 
@@ -35,7 +36,7 @@ import trio
 from .._exceptions import MaxTurnsExceeded, NeedsCredential, StoreError, UsageError
 from ..messages import ModelRequest, ModelResponse, ToolCall, ToolResult
 from ..models._base import Model, ReasoningChunk, TextChunk
-from ..tools import Tool, ToolContext, tool
+from ..tools import Tool, ToolContext, Toolset, tool
 from ._context import ApprovalAnswer, GateSpec, RunContext, StopRequested
 from ._transcript import Transcript
 
@@ -129,7 +130,7 @@ class Agent:
         name: str,
         model: Model | None,
         instructions: str = "",
-        tools: Iterable[AnyTool | Callable[..., Any]] = (),
+        tools: Iterable[AnyTool | Toolset | Callable[..., Any]] = (),
         max_turns: int = 10,
         max_tokens: int | None = None,
         temperature: float | None = None,
@@ -151,7 +152,11 @@ class Agent:
         if not isinstance(max_turns, int) or max_turns < 1:
             raise UsageError(f"agent {name!r}: max_turns must be a positive int, got {max_turns!r}")
         by_name: dict[str, AnyTool] = {}
+        toolsets: list[Toolset] = []
         for item in tools:
+            if isinstance(item, Toolset):  # its tools are known once the runner serves it
+                toolsets.append(item)
+                continue
             t = _as_tool(item, name)
             if t.name in by_name:
                 raise UsageError(
@@ -165,10 +170,31 @@ class Agent:
         self.max_turns = max_turns
         self.max_tokens = max_tokens
         self.temperature = temperature
-        self._tools = by_name
+        self._own_tools = by_name
+        self.toolsets: tuple[Toolset, ...] = tuple(toolsets)
+
+    @property
+    def _tools(self) -> Mapping[str, AnyTool]:
+        """The agent's own tools and those its toolsets serve now.
+
+        Raises :class:`~trio_agents.UsageError` when a toolset is not served (the runner serves
+        them) or a toolset's tool has the name of another tool."""
+        if not self.toolsets:
+            return self._own_tools
+        merged = dict(self._own_tools)
+        for toolset in self.toolsets:
+            for tool_name, found in toolset.current_tools().items():
+                if tool_name in merged:
+                    raise UsageError(
+                        f"agent {self.name!r}: {toolset.name!r} serves a tool named "
+                        f"{tool_name!r}, and the agent has another; give the toolset a prefix"
+                    )
+                merged[tool_name] = found
+        return merged
 
     def __repr__(self) -> str:
-        return f"Agent(name={self.name!r}, model={self.model.name!r}, tools={list(self._tools)})"
+        tools = [*self._own_tools, *(t.name for t in self.toolsets)]
+        return f"Agent(name={self.name!r}, model={self.model.name!r}, tools={tools})"
 
     @property
     def tools(self) -> Mapping[str, AnyTool]:
@@ -357,6 +383,7 @@ class Agent:
                 attempt=attempt,
                 user_id=ctx.user_id,
                 credentials=ctx.credentials(),
+                progress=functools.partial(ctx.emit_tool_progress, turn, call),
             )
             try:
                 result = await found.call(call, context)

@@ -25,7 +25,7 @@ from typing import Annotated
 
 import typer
 
-from . import _batch, _chat, _invocations, _run, _serve, _sessions
+from . import _batch, _chat, _invocations, _mcp, _run, _serve, _sessions
 from ._common import Exit, set_debug
 
 __all__ = ["app", "main"]
@@ -58,6 +58,7 @@ _invocations.register(app)
 _sessions.register(app)
 _serve.register(app)
 _batch.register(app)
+_mcp.register(app)
 
 # `batch cancel ID` and `batch status ID` read as the commands batch-cancel / batch-status.
 _BATCH_ACTIONS = {"cancel", "status"}

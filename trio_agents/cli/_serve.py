@@ -46,6 +46,7 @@ async def serve_agents(
     ui: bool = True,
     recover: Recover = "resume",
     otel: bool = False,
+    mcp: bool = False,
 ) -> None:
     """Serve ``agents`` (and, with ``ui``, the dev UI at ``/``) until SIGTERM or Ctrl-C.
 
@@ -77,6 +78,7 @@ async def serve_agents(
             max_active_per_user=max_active_per_user,
             ui=ui,
             recover=recover,
+            mcp=mcp,
         )
     finally:
         if telemetry is not None:
@@ -97,6 +99,7 @@ async def _serve(
     max_active_per_user: int,
     ui: bool,
     recover: Recover,
+    mcp: bool = False,
 ) -> None:
     async with opening as runner:
         app = create_app(
@@ -107,6 +110,7 @@ async def _serve(
             cors_origins=cors_origins,
             max_active_per_user=max_active_per_user,
             ui=ui,
+            mcp=mcp,
         )
         async with trio.open_nursery() as nursery:
             urls: list[str] = await nursery.start(partial(serve, app, host=host, port=port))
@@ -200,6 +204,10 @@ def register(app: typer.Typer) -> None:
                 "variables say (needs trio-agents[otel])",
             ),
         ] = False,
+        mcp: Annotated[
+            bool,
+            typer.Option("--mcp", help="serve the agents as MCP tools at /mcp (streamable HTTP)"),
+        ] = False,
     ) -> None:
         """Serve agents over HTTP, SSE and WebSocket, with the dev UI at /, until SIGTERM or
         Ctrl-C.  Try it offline with `trio-agents serve --demo`."""
@@ -243,6 +251,7 @@ def register(app: typer.Typer) -> None:
                     recover=recover.value,
                     ui=not no_ui,
                     otel=otel,
+                    mcp=mcp,
                 )
             return 0
 

@@ -20,6 +20,7 @@ from ..events import (
     TextDelta,
     ToolCallFinished,
     ToolCallStarted,
+    ToolProgress,
 )
 from ..messages import AssistantMessage, ToolResultMessage
 from ..runner import Outcome
@@ -36,6 +37,7 @@ class _Running:
 
     def __init__(self) -> None:
         self.calls: dict[str, tuple[str, float]] = {}
+        self.progress: dict[str, str] = {}  # a call's last reported progress, as shown
 
     def __rich__(self) -> RenderableType:
         return Text(self.line(), style="yellow")
@@ -43,7 +45,10 @@ class _Running:
     def line(self) -> str:
         """``running NAME 1.2s, ...``, or ``""`` when no call runs."""
         now = time.monotonic()
-        running = [f"{name} {now - start:.1f}s" for name, start in list(self.calls.values())]
+        running = [
+            f"{name}{self.progress.get(call_id, '')} {now - start:.1f}s"
+            for call_id, (name, start) in list(self.calls.items())
+        ]
         return "running " + ", ".join(running) if running else ""
 
 
@@ -93,7 +98,13 @@ class EventPrinter:
             call_id = self._asked.get(event.approval_id)
             if call_id is not None:
                 self._declined[call_id] = event
+        elif isinstance(event, ToolProgress):
+            done = f"{event.progress:g}" + (f"/{event.total:g}" if event.total is not None else "")
+            self._running.progress[event.call_id] = f" {done}" + (
+                f" {event.message}" if event.message else ""
+            )
         elif isinstance(event, ToolCallFinished):
+            self._running.progress.pop(event.result.call_id, None)
             name, started = self._running.calls.pop(event.result.call_id, ("", time.monotonic()))
             took = time.monotonic() - started
             result = event.result
@@ -126,6 +137,7 @@ class EventPrinter:
     def close(self) -> None:
         self.stop_spinner()
         self._running.calls.clear()
+        self._running.progress.clear()
         self.end_line()
 
     def __enter__(self) -> EventPrinter:

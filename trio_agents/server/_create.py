@@ -83,6 +83,7 @@ def create_app(
     live_control_burst: int = 40,
     cors_origins: Iterable[str] = (),
     ui: bool = False,
+    mcp: bool = False,
 ) -> Starlette:
     """The Starlette app serving ``agents`` (each an app, by its name) through ``runner``.
 
@@ -94,7 +95,9 @@ def create_app(
     ``live_control_rate`` and ``live_control_burst`` bound the frames a ``/run_live`` client
     sends that are not user messages (see :class:`ServerState`).  ``ui=True`` serves the
     dev UI at ``/ui/`` (and redirects ``/`` to it): a page that drives this API from a
-    browser.  Raises :class:`~trio_agents.UsageError` for a bad configuration.
+    browser.  ``mcp=True`` serves the agents as MCP tools at ``/mcp`` (streamable HTTP; see
+    :mod:`trio_agents.server._mcp`).  Raises :class:`~trio_agents.UsageError` for a bad
+    configuration.
     """
     if not tokens and not insecure_dev:
         raise UsageError(
@@ -120,6 +123,13 @@ def create_app(
     ]
     if ui:
         routes += ui_routes()
+    lifespan = None
+    if mcp:
+        from ._mcp import MCPEndpoint
+
+        endpoint = MCPEndpoint(agents, runner, state.auth)
+        routes.append(Route("/mcp", endpoint, methods=["GET", "POST", "DELETE"]))
+        lifespan = endpoint.lifespan
     middleware = [Middleware(TraceContextMiddleware)]
     origins = list(cors_origins)
     if origins:
@@ -140,6 +150,7 @@ def create_app(
     app = Starlette(
         routes=routes,
         middleware=middleware,
+        lifespan=lifespan,
         exception_handlers={
             # The library's errors are answers (404, 409, ...), handled like ApiError; only an
             # unexpected exception reaches the `Exception` handler (a 500, logged).

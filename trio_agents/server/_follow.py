@@ -53,7 +53,7 @@ logger = logging.getLogger("trio_agents.server")
 
 T = TypeVar("T")
 
-DELTA_KINDS = frozenset({"text_delta", "reasoning_delta"})
+DELTA_KINDS = frozenset({"text_delta", "reasoning_delta", "tool_progress"})  # not in /run answers
 _STAMPS = ("kind", "seq", "sub", "at", "v")
 
 

@@ -732,6 +732,13 @@ function apply(entry, replaying) {
       if (!d.message.text && !d.message.tool_calls.length) el.remove();
       break;
     }
+    case "tool_progress": {
+      // A running call's progress (an MCP server's notifications/progress): on its chip.
+      const chip = turnBlock(d.path, d.turn).querySelector(`[data-call="${CSS.escape(d.call_id)}"]`);
+      const done = d.total == null ? `${d.progress}` : `${d.progress}/${d.total}`;
+      if (chip) chip.querySelector(".tool-state").textContent = `running… ${done}${d.message ? ` ${d.message}` : ""}`;
+      break;
+    }
     case "tool_call_started": {
       const el = turnBlock(d.path, d.turn);
       let chip = el.querySelector(`[data-call="${CSS.escape(d.call.id)}"]`);

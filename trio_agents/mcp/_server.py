@@ -1,0 +1,457 @@
+"""An MCP server whose tools are agent tools: one shared session, a cancel that reaches it.
+
+Who owns what:
+
+- The **session** (the transport - a child process on stdio, an HTTP client on streamable HTTP -
+  and the SDK's ``ClientSession`` with its reader and writer tasks) is held open by one task,
+  ``_hold``, in the nursery of :meth:`MCPServer.serve`.  The runner starts ``serve`` in a
+  nursery of its own before the first invocation that needs the server, and cancels it when the
+  runner closes, after the last invocation ended: the session lives outside every invocation's
+  scope.  (Opened inside one, a cancel of that invocation would kill the session's writer before
+  the cancel notification could go out, and the other invocations would lose the session.)
+- A **call** runs in the invocation's task: :meth:`MCPServer.call_tool` sends ``tools/call`` on
+  the shared session and waits for the answer.  Many invocations call at once.
+
+What happens on cancel (the invocation's, or the tool's own timeout): the SDK's ``call_tool``
+sees ``Cancelled``, hands ``notifications/cancelled`` (with the request id) to the session's
+writer and returns *before* the notification has left this process; nothing acknowledges a
+cancel.  So before letting ``Cancelled`` go on, :meth:`call_tool` makes one more round trip on
+the same session (a ``ping``, shielded, bounded by ``cancel_confirm_timeout``): the writer sends
+in order, and the server reads in order, so when the ping is answered the server has received
+the cancel and cancelled its handler.  Then ``invocation.wait()`` can return knowing the server
+stopped the tool.  On streamable HTTP the same notification is what stops the server's handler
+(closing the request's stream alone does not, at protocol 2025-11-25).  The late response of a
+cancelled request, if any, is dropped by the SDK; the session stays usable by other calls.
+
+What happens when the server dies: a call in flight ends with an error result naming the
+server; the session is marked broken and its task ends (closing what is left of it).  The next
+call opens a new session (a new process, a new HTTP session); consecutive failures to connect
+wait a bounded, doubling backoff (``backoff`` up to ``max_backoff`` seconds) first.
+
+Nothing here is persisted: the journal of a call (its intent, its result) is the agent loop's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any, TextIO
+from urllib.parse import urlsplit
+
+import attrs
+import jsonschema  # type: ignore[import-untyped]
+import mcp_types
+import trio
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.dispatcher import ProgressFnT
+from mcp.shared.exceptions import MCPError
+
+from .._exceptions import MCPServerError, UsageError
+from ..tools import _NAME_RE, Tool
+from ._tool import MCPTool, ToolPolicy
+
+__all__ = ["MCPServer"]
+
+logger = logging.getLogger(__name__)
+
+_Streams = tuple[Any, Any]
+_Transport = Callable[[], AbstractAsyncContextManager[_Streams]]
+ToolFilter = Iterable[str] | Callable[[str], bool]
+
+
+@attrs.define(eq=False)
+class _Connection:
+    session: ClientSession
+    scope: trio.CancelScope  # the holding task's: cancelling it closes the session
+    broken: bool = False
+
+    def close(self) -> None:
+        self.broken = True
+        self.scope.cancel()
+
+
+class MCPServer:
+    """An MCP server's tools, for ``Agent(tools=[server])``; build one with :meth:`stdio` or
+    :meth:`http`.
+
+    The runner serves it (see :meth:`serve`): opened once before the first invocation of an
+    agent that uses it, shared by all invocations, closed after the last.
+
+    Attributes:
+        name: names the server in errors and tool errors.
+        prefix: put before each tool's name (``prefix + name``) to avoid collisions.
+    """
+
+    def __init__(
+        self,
+        transport: _Transport,
+        *,
+        name: str,
+        prefix: str = "",
+        tools: ToolFilter | None = None,
+        policy: Mapping[str, ToolPolicy] | None = None,
+        connect_timeout: float = 30.0,
+        cancel_confirm_timeout: float = 5.0,
+        backoff: float = 0.1,
+        max_backoff: float = 5.0,
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise UsageError(f"an MCP server needs a non-empty name, got {name!r}")
+        if not isinstance(prefix, str):
+            raise UsageError(f"MCP server {name!r}: prefix must be a str, got {prefix!r}")
+        for key, value in (policy or {}).items():
+            if not isinstance(value, ToolPolicy):
+                raise UsageError(
+                    f"MCP server {name!r}: policy[{key!r}] must be a ToolPolicy, got {value!r}"
+                )
+        self.name = name
+        self.prefix = prefix
+        self._transport = transport
+        self._filter = tools if tools is None or callable(tools) else tuple(tools)
+        self._policy = dict(policy or {})
+        self.connect_timeout = connect_timeout
+        self.cancel_confirm_timeout = cancel_confirm_timeout
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self._nursery: trio.Nursery | None = None
+        self._conn: _Connection | None = None
+        self._tools: dict[str, MCPTool] | None = None
+        self._reconnect = trio.Lock()
+        self._failures = 0
+        self._failed_at = 0.0
+        self.connections = 0  # sessions opened so far (a reconnect adds one)
+
+    @classmethod
+    def stdio(
+        cls,
+        command: str,
+        args: Sequence[str] = (),
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        errlog: TextIO | None = None,
+        name: str | None = None,
+        prefix: str = "",
+        tools: ToolFilter | None = None,
+        policy: Mapping[str, ToolPolicy] | None = None,
+        **options: float,
+    ) -> MCPServer:
+        """A server run as a child process speaking MCP on its stdin and stdout.
+
+        ``env`` is added to a minimal default environment (the SDK's); ``errlog`` receives the
+        process's stderr (default: ours).  ``name`` defaults to the script's or command's name.
+        """
+        params = StdioServerParameters(
+            command=command,
+            args=list(args),
+            env=dict(env) if env else None,
+            cwd=None if cwd is None else Path(cwd),
+        )
+
+        def transport() -> AbstractAsyncContextManager[_Streams]:
+            return stdio_client(params, errlog=errlog or sys.stderr)
+
+        default = Path(args[0]).stem if args else Path(command).name
+        return cls(
+            transport, name=name or default, prefix=prefix, tools=tools, policy=policy, **options
+        )
+
+    @classmethod
+    def http(
+        cls,
+        url: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        name: str | None = None,
+        prefix: str = "",
+        tools: ToolFilter | None = None,
+        policy: Mapping[str, ToolPolicy] | None = None,
+        **options: float,
+    ) -> MCPServer:
+        """A server reached over streamable HTTP at ``url`` (``headers`` go with each request,
+        e.g. an ``Authorization``)."""
+        if not isinstance(url, str) or urlsplit(url).scheme not in ("http", "https"):
+            raise UsageError(f"MCPServer.http needs an http(s) URL, got {url!r}")
+        given = dict(headers or {})
+
+        def transport() -> AbstractAsyncContextManager[_Streams]:
+            return _http_transport(url, given)
+
+        default = urlsplit(url).netloc
+        return cls(
+            transport, name=name or default, prefix=prefix, tools=tools, policy=policy, **options
+        )
+
+    def __repr__(self) -> str:
+        return f"<MCPServer {self.name!r}>"
+
+    # ---- the toolset ----------------------------------------------------------------------
+
+    @property
+    def tools(self) -> Mapping[str, Tool[..., Any]]:
+        """The server's tools by the name the model sees (prefixed, filtered); see
+        :meth:`current_tools`."""
+        return self.current_tools()
+
+    def current_tools(self) -> Mapping[str, Tool[..., Any]]:
+        """The server's tools by the name the model sees (prefixed, filtered).
+
+        Raises:
+            UsageError: the server is not served (a runner serves the servers of its agents).
+        """
+        if self._tools is None:
+            raise UsageError(
+                f"MCP server {self.name!r} is not open; run its agent with a Runner, which opens it"
+            )
+        return self._tools
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Open a session and list the tools, report readiness, and hold the server open until
+        cancelled; then close the session (a child process is stopped).
+
+        Raises:
+            MCPServerError: the server could not be started or reached, or lists tools that
+                cannot be used (before readiness is reported).
+            UsageError: this server is served already.
+        """
+        if self._nursery is not None:
+            raise UsageError(f"MCP server {self.name!r} is served already")
+        failure: MCPServerError | None = None
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                try:
+                    await self._connect()
+                except MCPServerError as exc:
+                    failure = exc
+                    nursery.cancel_scope.cancel()
+                else:
+                    task_status.started()
+                    await trio.sleep_forever()
+        finally:
+            self._nursery = None
+            self._conn = None
+            self._tools = None
+        if failure is not None:
+            raise failure
+
+    # ---- calls ----------------------------------------------------------------------------
+
+    async def call_tool(
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        *,
+        progress: Callable[[float, float | None, str | None], None] | None = None,
+    ) -> tuple[str, bool]:
+        """Call the server's tool ``name``; return its answer as text and whether it is an
+        error result.  The server's ``notifications/progress`` for the call go to ``progress``.
+
+        On cancel: the SDK sends ``notifications/cancelled``; then one ``ping`` round trip
+        (shielded, at most ``cancel_confirm_timeout`` seconds) makes sure the server has
+        received it before ``trio.Cancelled`` propagates.
+
+        Raises:
+            MCPServerError: the server is not open, cannot be reached, or died during the
+                call (the next call opens a new session).
+            trio.Cancelled: the call was cancelled (the server was told).
+        """
+        conn = await self._ready()
+        try:
+            result = await conn.session.call_tool(
+                name, arguments, progress_callback=_on_progress(progress)
+            )
+        except trio.Cancelled:
+            await self._confirm_cancel(conn)
+            raise
+        except MCPError as exc:
+            if exc.error.code == mcp_types.CONNECTION_CLOSED:
+                conn.close()
+                raise MCPServerError(
+                    f"MCP server {self.name!r} closed the connection during the call of "
+                    f"tool {name!r} (it may have died); the next call reconnects"
+                ) from exc
+            return f"MCP server {self.name!r}, tool {name!r}: {exc.error.message}", True
+        except Exception as exc:  # a result the SDK could not read, an unexpected reply
+            return f"MCP server {self.name!r}, tool {name!r}: {type(exc).__name__}: {exc}", True
+        return _text_of(result), bool(result.is_error)
+
+    async def _confirm_cancel(self, conn: _Connection) -> None:
+        with trio.CancelScope(shield=True) as scope:
+            scope.deadline = trio.current_time() + self.cancel_confirm_timeout
+            try:
+                await conn.session.send_ping()
+            except Exception:  # the server is gone: nothing is left to tell
+                conn.close()
+
+    async def _ready(self) -> _Connection:
+        """The open session, or a new one if the last broke (after the backoff)."""
+        conn = self._conn
+        if conn is not None and not conn.broken:
+            return conn
+        async with self._reconnect:
+            conn = self._conn
+            if conn is not None and not conn.broken:
+                return conn
+            if self._failures:
+                delay = min(self.backoff * 2 ** (self._failures - 1), self.max_backoff)
+                await trio.sleep_until(self._failed_at + delay)
+            return await self._connect()
+
+    async def _connect(self) -> _Connection:
+        if self._nursery is None:
+            raise MCPServerError(f"MCP server {self.name!r} is not open")
+        try:
+            started: tuple[_Connection, dict[str, MCPTool]] = await self._nursery.start(self._hold)
+        except MCPServerError:
+            self._failed()
+            raise
+        except Exception as exc:
+            self._failed()
+            raise MCPServerError(
+                f"MCP server {self.name!r} could not be started or reached: {_describe(exc)}"
+            ) from exc
+        self._failures = 0
+        conn, self._tools = started
+        self._conn = conn
+        self.connections += 1
+        return conn
+
+    def _failed(self) -> None:
+        self._failures += 1
+        self._failed_at = trio.current_time()
+
+    async def _hold(
+        self, *, task_status: trio.TaskStatus[tuple[_Connection, dict[str, MCPTool]]]
+    ) -> None:
+        conn: _Connection | None = None
+        try:
+            with trio.CancelScope() as scope:
+                async with AsyncExitStack() as stack:
+                    read, write = await stack.enter_async_context(self._transport())
+                    session = await stack.enter_async_context(ClientSession(read, write))
+                    with trio.fail_after(self.connect_timeout):
+                        await session.initialize()
+                        listed = await _list_tools(session)
+                    tools = self._build(listed)
+                    conn = _Connection(session=session, scope=scope)
+                    task_status.started((conn, tools))
+                    await trio.sleep_forever()
+        except Exception as exc:
+            if conn is None:
+                raise  # before readiness: the caller of _connect gets it
+            # A transport that fails while serving must not take down the runner's toolset
+            # nursery: the session is broken, the next call reconnects.
+            conn.broken = True
+            logger.warning("MCP server %r: the session failed", self.name, exc_info=exc)
+
+    def _build(self, listed: list[mcp_types.Tool]) -> dict[str, MCPTool]:
+        names = [t.name for t in listed]
+        if self._filter is None:
+            chosen = listed
+        elif callable(self._filter):
+            chosen = [t for t in listed if self._filter(t.name)]
+        else:
+            missing = [n for n in self._filter if n not in names]
+            if missing:
+                raise MCPServerError(
+                    f"MCP server {self.name!r} has no tool {missing[0]!r} (tools=...); "
+                    f"it lists: {', '.join(names) or 'none'}"
+                )
+            chosen = [t for t in listed if t.name in self._filter]
+        unknown = [n for n in self._policy if n not in names]
+        if unknown:
+            raise MCPServerError(
+                f"MCP server {self.name!r}: policy names tool {unknown[0]!r}, which it does "
+                f"not list; it lists: {', '.join(names) or 'none'}"
+            )
+        built: dict[str, MCPTool] = {}
+        for remote in chosen:
+            name = self.prefix + remote.name
+            if not _NAME_RE.fullmatch(name):
+                raise MCPServerError(
+                    f"MCP server {self.name!r} lists tool {remote.name!r}, a name model APIs "
+                    "do not accept (1 to 64 letters, digits, '_' or '-'); leave it out with "
+                    "tools=..."
+                )
+            if name in built:
+                raise MCPServerError(f"MCP server {self.name!r} lists tool {name!r} twice")
+            try:
+                built[name] = MCPTool(
+                    self,
+                    remote_name=remote.name,
+                    name=name,
+                    description=remote.description or "",
+                    schema=remote.input_schema,
+                    policy=self._policy.get(remote.name, ToolPolicy()),
+                )
+            except jsonschema.SchemaError as exc:
+                raise MCPServerError(
+                    f"MCP server {self.name!r} lists tool {remote.name!r} with an invalid "
+                    f"inputSchema: {exc.message}; leave it out with tools=..."
+                ) from None
+        return built
+
+
+async def _list_tools(session: ClientSession) -> list[mcp_types.Tool]:
+    listed: list[mcp_types.Tool] = []
+    cursor: str | None = None
+    while True:
+        params = mcp_types.PaginatedRequestParams(cursor=cursor) if cursor else None
+        page = await session.list_tools(params=params)
+        listed.extend(page.tools)
+        cursor = page.next_cursor
+        if not cursor:
+            return listed
+
+
+@asynccontextmanager
+async def _http_transport(url: str, headers: dict[str, str]) -> AsyncIterator[_Streams]:
+    # An async context manager (not an iterator): the client and streams close on its exit.
+    async with (
+        create_mcp_http_client(headers=headers or None) as client,
+        streamable_http_client(url, http_client=client) as streams,
+    ):
+        yield streams
+
+
+def _on_progress(
+    progress: Callable[[float, float | None, str | None], None] | None,
+) -> ProgressFnT | None:
+    if progress is None:
+        return None
+    report = progress
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        report(progress, total, message)
+
+    return on_progress
+
+
+def _text_of(result: mcp_types.CallToolResult) -> str:
+    parts: list[str] = []
+    for item in result.content:
+        if isinstance(item, mcp_types.TextContent):
+            parts.append(item.text)
+        else:
+            parts.append(json.dumps(item.model_dump(mode="json", exclude_none=True)))
+    if not parts and result.structured_content is not None:
+        return json.dumps(result.structured_content)
+    return "\n".join(parts)
+
+
+def _describe(exc: BaseException) -> str:
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    if isinstance(exc, TimeoutError | trio.TooSlowError):
+        return "it did not answer the handshake in time"
+    message = str(exc)
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
