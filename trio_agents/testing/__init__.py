@@ -29,7 +29,7 @@ from .openai import open_fake_openai_server as open_fake_openai_server
 from .openai import openai_error as openai_error
 from .openai import openai_stream as openai_stream
 from .openai import serve_fake_openai_server as serve_fake_openai_server
-from .responses import responses_stream as responses_stream
 from .realtime import FakeRealtimeServer as FakeRealtimeServer
 from .realtime import RealtimeReply as RealtimeReply
 from .realtime import open_fake_realtime_server as open_fake_realtime_server
+from .responses import responses_stream as responses_stream
