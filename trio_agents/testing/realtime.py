@@ -383,7 +383,14 @@ class _Connection:
         self.response_scope = trio.CancelScope()
         self.response_id = f"resp_{uuid.uuid4().hex[:12]}"
         self.server.seen_by_response.append(self.server.view())
-        self.nursery.start_soon(self.respond, self.server._take_reply(), self.response_scope)
+        self.nursery.start_soon(self.respond_until_closed, self.server._take_reply())
+
+    async def respond_until_closed(self, reply: RealtimeReply) -> None:
+        """Play ``reply``; a client that closes the socket meanwhile ends it (the reading
+        task records the close)."""
+        assert self.response_scope is not None
+        with contextlib.suppress(trio_websocket.ConnectionClosed):
+            await self.respond(reply, self.response_scope)
 
     async def respond(self, reply: RealtimeReply, scope: trio.CancelScope) -> None:
         response_id = self.response_id
