@@ -88,6 +88,13 @@ EXPECTED = {
         r"\| 20 \| \d+ \| \d+ \| \d+ \| \d+ \| [\d.]+ / [\d.]+ / [\d.]+ \| \d+ \| \d+ / \d+ \|"
         r" \d+ \| [\d.]+ \| [\d.]+ \| \d+% \| \d+, \d+ ms \| \d+ / \d+ \|"
     ],
+    "live": [
+        r"barge-in -> response.cancel on the wire: bare relay p50 [\d.]+ p99 [\d.]+ ms \| "
+        r"trio_agents p50 [\d.]+ p99 [\d.]+ ms",
+        r"audio relay: bare relay \d+ frames/s \d+ us CPU/frame \| trio_agents \d+ frames/s "
+        r"\d+ us CPU/frame",
+        r"concurrent live sessions: \d+ open, [\d.]+ KiB Python memory each",
+    ],
     "parked": [
         r"memory per parked invocation: [\d.]+ KiB Python \(RSS -?[\d.]+ KiB\)",
         r"start: [\d.]+ s \([\d.]+ us/start\)",
