@@ -93,7 +93,7 @@ EXPECTED = {
         r"trio_agents p50 [\d.]+ p99 [\d.]+ ms",
         r"audio relay: bare relay \d+ frames/s \d+ us CPU/frame \| trio_agents \d+ frames/s "
         r"\d+ us CPU/frame",
-        r"concurrent live sessions: \d+ open, [\d.]+ KiB Python memory each",
+        r"concurrent live sessions: \d+ open at once, -?\d+ KiB RSS each \([\d.]+ KiB Python",
     ],
     "parked": [
         r"memory per parked invocation: [\d.]+ KiB Python \(RSS -?[\d.]+ KiB\)",

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import base64
 import functools
+import os
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -40,6 +43,7 @@ from trio_agents.testing.realtime import (
 )
 from trio_agents.tools import tool
 
+ROOT = Path(__file__).resolve().parent.parent
 WORDS = ("one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
 
 
@@ -403,3 +407,60 @@ async def test_a_live_agent_run_without_a_client_fails_clearly() -> None:
 async def receive_forever(live: LiveSession) -> None:
     while True:
         await live.receive()
+
+
+@pytest.mark.slow
+@bounded
+async def test_a_process_killed_mid_session_is_resumed_in_another(tmp_path: Path) -> None:
+    """A child process runs a live session and is SIGKILLed mid-response; this process, once
+    the child's lease lapsed, resumes the session on a new socket with the transcript intact
+    (the person's turns and the model's complete turn restored into the server's
+    conversation) and goes on."""
+    replies = [
+        RealtimeReply(words=("hi",)),
+        RealtimeReply(words=WORDS * 50, chunk_ms=100),
+        RealtimeReply(words=("still", "here")),
+    ]
+    store = f"sqlite:///{tmp_path / 'live.db'}"
+    async with open_fake_realtime_server(replies, pace=0.1) as server:
+        async with trio.open_nursery() as nursery:
+            child = await nursery.start(
+                functools.partial(
+                    trio.run_process,
+                    [sys.executable, "-m", "tests.live_child", store, server.url],
+                    cwd=ROOT,
+                    env={**os.environ, "PYTHONPATH": str(ROOT)},
+                    stdout=subprocess.PIPE,
+                    check=False,
+                )
+            )
+            assert child.stdout is not None
+            line = b""
+            while not line.endswith(b"\n"):
+                line += await child.stdout.receive_some()
+            session_id = line.decode().strip()
+            child.kill()
+        assert server.connections == 1
+        agent = make_agent(server)
+        async with ta.Runner(store=store, lease_ttl=1.0) as runner:
+            while True:
+                try:
+                    async with open_live(runner, agent, resume=session_id) as live:
+                        await live.wait_ready()
+                        await live.send_text("are you there?")
+                        assert (await next_of(live, LiveTurnDone)).text == "still here"
+                    break
+                except ta.LeaseError:
+                    await trio.sleep(0.2)  # the dead process's lease has not lapsed yet
+            assert (await live.invocation.wait()).status == "completed"
+        restored = [
+            (e.data["item"]["role"], e.data["item"]["content"][0]["text"])
+            for e in server.received
+            if e.connection == server.connections and e.type == "conversation.item.create"
+        ]
+        assert restored == [
+            ("user", "hello"),
+            ("assistant", "hi"),
+            ("user", "a long story please"),
+            ("user", "are you there?"),
+        ]
