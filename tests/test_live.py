@@ -21,7 +21,13 @@ import pytest
 import trio
 
 import trio_agents as ta
-from trio_agents.events import ToolCallFinished, ToolCallStarted, TurnFinished, UserTurn
+from trio_agents.events import (
+    ApprovalRequested,
+    ToolCallFinished,
+    ToolCallStarted,
+    TurnFinished,
+    UserTurn,
+)
 from trio_agents.live import (
     LiveAgent,
     LiveAudio,
@@ -464,3 +470,33 @@ async def test_a_process_killed_mid_session_is_resumed_in_another(tmp_path: Path
             ("user", "a long story please"),
             ("user", "are you there?"),
         ]
+
+
+@bounded
+async def test_a_tool_that_needs_approval_waits_for_a_decision(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """A gated tool called by the realtime model waits for a person's decision, like any
+    tool; once approved it runs and the model gets its output."""
+
+    @tool(requires_approval=True)
+    def deploy(service: str) -> str:
+        """Deploy a service."""
+        return f"deployed {service}"
+
+    replies = [
+        RealtimeReply(words=("deploying",), tool_calls=[("deploy", '{"service": "api"}')]),
+        RealtimeReply(words=("done",)),
+    ]
+    async with open_fake_realtime_server(replies) as server:
+        agent = make_agent(server, tools=[deploy])
+        async with memory_runner() as runner, open_live(runner, agent) as live:
+            await live.send_text("ship it")
+            async for event in live.invocation.events():
+                if isinstance(event, ApprovalRequested):
+                    break
+            assert server.types().count("response.create") == 1
+            await runner.decide(live.id, event.approval_id, approved=True)
+            assert (await next_of(live, LiveTurnDone)).text == "deploying"
+            assert (await next_of(live, LiveTurnDone)).text == "done"
+        assert server.seen_by_response[1][-1]["output"] == "deployed api"
