@@ -492,11 +492,14 @@ async def test_a_tool_that_needs_approval_waits_for_a_decision(
         agent = make_agent(server, tools=[deploy])
         async with memory_runner() as runner, open_live(runner, agent) as live:
             await live.send_text("ship it")
+            approval_id = None
             async for event in live.invocation.events():
                 if isinstance(event, ApprovalRequested):
+                    approval_id = event.approval_id
                     break
+            assert approval_id is not None
             assert server.types().count("response.create") == 1
-            await runner.decide(live.id, event.approval_id, approved=True)
+            await runner.decide(live.id, approval_id, approved=True)
             assert (await next_of(live, LiveTurnDone)).text == "deploying"
             assert (await next_of(live, LiveTurnDone)).text == "done"
         assert server.seen_by_response[1][-1]["output"] == "deployed api"
