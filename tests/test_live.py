@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 import trio_agents as ta
 from trio_agents.events import (
@@ -503,3 +504,72 @@ async def test_a_tool_that_needs_approval_waits_for_a_decision(
             assert (await next_of(live, LiveTurnDone)).text == "deploying"
             assert (await next_of(live, LiveTurnDone)).text == "done"
         assert server.seen_by_response[1][-1]["output"] == "deployed api"
+
+
+@bounded
+async def test_after_tools_barge_in_lets_the_call_finish_and_asks_for_nothing(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """barge_in="after_tools": a call under way finishes and its result is journaled and
+    sent, but no response is asked for after it (the person's message drives the next)."""
+    running = trio.Event()
+
+    @tool
+    async def fetch(q: str) -> str:
+        """Fetch."""
+        running.set()
+        await trio.sleep(5)
+        return "fetched"
+
+    replies = [
+        RealtimeReply(words=("fetching",), tool_calls=[("fetch", '{"q": "x"}')]),
+        RealtimeReply(words=("ok",)),
+    ]
+    async with open_fake_realtime_server(replies) as server:
+        agent = make_agent(server, tools=[fetch], barge_in="after_tools")
+        async with memory_runner() as runner, open_live(runner, agent) as live:
+            await live.send_text("fetch it")
+            await running.wait()
+            await live.cancel_turn()
+            output = await server.wait_for("conversation.item.create", 2)
+            assert output.data["item"]["output"] == "fetched"
+            assert server.types().count("response.create") == 1
+            await live.send_text("thanks")
+            assert (await next_of(live, LiveTurnDone)).text == "fetching"
+            assert (await next_of(live, LiveTurnDone)).text == "ok"
+        events = await journal(runner, live.id)
+    assert [e.result.content for e in events if isinstance(e, ToolCallFinished)] == ["fetched"]
+
+
+@bounded
+async def test_calls_of_a_response_cut_while_generating_are_answered_not_run(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """A barge-in before the response that called a tool completed: the call never runs;
+    the server's conversation gets a 'not run' output for it; the journal has no call."""
+    calls = 0
+
+    @tool
+    def noop() -> str:
+        """Do nothing."""
+        nonlocal calls
+        calls += 1
+        return "x"
+
+    replies = [RealtimeReply(words=("calling",), tool_calls=[("noop", "{}")], hold_done=True)]
+    async with open_fake_realtime_server(replies) as server:
+        agent = make_agent(server, tools=[noop])
+        async with memory_runner() as runner, open_live(runner, agent) as live:
+            await live.send_text("go")
+            await take_audio(live, 1)
+            await trio.testing.wait_all_tasks_blocked()  # the function call has arrived
+            await live.cancel_turn()
+            await next_of(live, LiveInterrupted)
+            output = await server.wait_for("conversation.item.create", 2)
+            assert output.data["item"]["output"].startswith("not run")
+        events = await journal(runner, live.id)
+    assert calls == 0
+    assert not [e for e in events if isinstance(e, ToolCallStarted)]
+    (turn,) = [e for e in events if isinstance(e, TurnFinished)]
+    assert turn.message.tool_calls == ()
+    assert turn.finish_reason == "interrupted"

@@ -260,6 +260,7 @@ class _Response:
     received_ms: float = 0.0
     calls: list[ToolCall] = attrs.field(factory=list)
     generating: bool = True
+    journaled: bool = False  # its complete turn is in the journal
 
 
 class _Session:
@@ -379,6 +380,7 @@ class _Session:
         await self.ctx.record_turn(
             response.turn, ModelResponse(message=message, usage=usage, finish_reason="completed")
         )
+        response.journaled = True
         self.last_text = text or self.last_text
         self.link.out(LiveTurnDone(turn=response.turn, text=text))
         if response.calls:
@@ -419,7 +421,15 @@ class _Session:
             heard = "".join(t for t, until in response.chunks if until is not None and until <= end)
         else:
             heard = "".join(response.text)  # text only: what was shown was seen
-        message = AssistantMessage(text=heard)
+        if response.journaled:  # complete, its calls journaled (and running): they stay
+            message = AssistantMessage(text=heard, tool_calls=tuple(response.calls))
+        else:
+            message = AssistantMessage(text=heard)
+            for call in response.calls:  # never run; the server's conversation is told so
+                text = NOT_STARTED.format(name=call.name, why=reason)
+                await self.upstream.add_tool_result(
+                    ToolResult(call_id=call.id, name=call.name, content=text, is_error=True)
+                )
         await self.ctx.record_turn(
             response.turn, ModelResponse(message=message, finish_reason=INTERRUPTED)
         )

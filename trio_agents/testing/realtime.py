@@ -63,7 +63,8 @@ class RealtimeReply:
     ``(name, arguments JSON)`` pairs sent after the words.  ``speech_started_after`` emits
     ``input_audio_buffer.speech_started`` after that many chunks (the person starts talking);
     ``stall_after`` stops sending after that many chunks and never finishes;
-    ``drop_after`` drops the socket after that many chunks.
+    ``drop_after`` drops the socket after that many chunks; ``hold_done`` sends everything
+    but ``response.done`` and holds the response open (until it is cancelled).
     """
 
     words: Sequence[str] = ()
@@ -73,6 +74,7 @@ class RealtimeReply:
     speech_started_after: int | None = None
     stall_after: int | None = None
     drop_after: int | None = None
+    hold_done: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -488,6 +490,8 @@ class _Connection:
                         "arguments": arguments,
                     }
                 )
+            if reply.hold_done:
+                await trio.sleep_forever()
         if scope.cancelled_caught:
             status = "cancelled"
         self.response_scope = None
