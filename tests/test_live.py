@@ -573,3 +573,33 @@ async def test_calls_of_a_response_cut_while_generating_are_answered_not_run(
     (turn,) = [e for e in events if isinstance(e, TurnFinished)]
     assert turn.message.tool_calls == ()
     assert turn.finish_reason == "interrupted"
+
+
+@bounded
+async def test_manual_turns_commit_the_audio_and_ask_for_a_response(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """Push-to-talk (turn_detection=None): audio frames, then commit: the adapter commits the
+    buffer and asks for the response; the transcript of the speech is journaled as the
+    person's turn; with server VAD the commit asks for nothing (the server answers)."""
+    replies = [RealtimeReply(words=("heard", "you"))]
+    async with open_fake_realtime_server(replies) as server:
+        model = OpenAIRealtime("gpt-realtime", base_url=server.url, turn_detection=None)
+        agent = LiveAgent(name="ptt", model=model)
+        async with memory_runner() as runner, open_live(runner, agent) as live:
+            frame = base64.b64encode(b"\x10\x00" * 480).decode()
+            await live.send_audio(frame)
+            await live.send_audio(frame)
+            await live.commit()
+            said = await next_of(live, LiveUserText)
+            assert said.text == "(audio)"
+            assert (await next_of(live, LiveTurnDone)).text == "heard you"
+        events = await journal(runner, live.id)
+    assert server.types()[1:] == [
+        "input_audio_buffer.append",
+        "input_audio_buffer.append",
+        "input_audio_buffer.commit",
+        "response.create",
+    ]
+    assert server.received[0].data["session"]["audio"]["input"]["turn_detection"] is None
+    assert [(e.text, e.source) for e in events if isinstance(e, UserTurn)] == [("(audio)", "audio")]
