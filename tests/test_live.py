@@ -581,7 +581,7 @@ async def test_manual_turns_commit_the_audio_and_ask_for_a_response(
 ) -> None:
     """Push-to-talk (turn_detection=None): audio frames, then commit: the adapter commits the
     buffer and asks for the response; the transcript of the speech is journaled as the
-    person's turn; with server VAD the commit asks for nothing (the server answers)."""
+    person's turn."""
     replies = [RealtimeReply(words=("heard", "you"))]
     async with open_fake_realtime_server(replies) as server:
         model = OpenAIRealtime("gpt-realtime", base_url=server.url, turn_detection=None)
