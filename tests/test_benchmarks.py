@@ -106,6 +106,13 @@ EXPECTED = {
         r"returned: p50 [\d.]+ p99 [\d.]+ ms \| observed after wait\(\): 0/\d+"
         for transport in ("stdio", "http")
     ],
+    "live": [
+        r"barge-in -> response.cancel on the wire: bare relay p50 [\d.]+ p99 [\d.]+ ms \| "
+        r"trio_agents p50 [\d.]+ p99 [\d.]+ ms",
+        r"audio relay: bare relay \d+ frames/s \d+ us CPU/frame \| trio_agents \d+ frames/s "
+        r"\d+ us CPU/frame",
+        r"concurrent live sessions: \d+ open at once, -?\d+ KiB RSS each \([\d.]+ KiB Python",
+    ],
     "parked": [
         r"memory per parked invocation: [\d.]+ KiB Python \(RSS -?[\d.]+ KiB\)",
         r"start: [\d.]+ s \([\d.]+ us/start\)",

@@ -94,6 +94,7 @@ __all__ = [
     "ToolCallStarted",
     "ToolProgress",
     "TurnFinished",
+    "UserTurn",
     "check_cancel_mode",
     "converter",
     "decode",
@@ -345,6 +346,23 @@ class TurnFinished:
     message: AssistantMessage
     usage: Usage = Usage()
     finish_reason: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class UserTurn:
+    """A live session heard the person (``source="audio"``: the transcript of their speech)
+    or was sent text; durable, in order with the model's turns (see :mod:`trio_agents.live`)."""
+
+    kind: Literal["user_turn"] = "user_turn"
+    invocation_id: str
+    seq: int
+    sub: int = 0
+    at: float
+    path: str = ""
+    turn: int
+    text: str
+    source: Literal["text", "audio"] = "text"
+    item_id: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -634,6 +652,7 @@ Event: TypeAlias = (
     | ToolCallStarted
     | ToolCallFinished
     | TurnFinished
+    | UserTurn
     | StepFinished
     | ApprovalRequested
     | ApprovalDecided
@@ -660,6 +679,7 @@ _EVENT_TYPES: Final[dict[str, type[Any]]] = {
         ToolCallStarted,
         ToolCallFinished,
         TurnFinished,
+        UserTurn,
         StepFinished,
         ApprovalRequested,
         ApprovalDecided,

@@ -85,6 +85,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from .._exceptions import LeaseError, UsageError
 from ..events import CancelMode, to_dict
+from ..live import LiveAgent
 from ..turnloop import LoopEventStream, TurnLoop
 from ._app import ServerState
 from ._errors import ApiError, from_library_error
@@ -103,6 +104,7 @@ from ._live_open import (
     read_frame,
     refuse,
 )
+from ._live_realtime import serve_live_realtime
 
 __all__ = ["live_routes"]
 
@@ -139,6 +141,9 @@ async def _run_live(websocket: WebSocket) -> None:
         await ensure_session(state.runner.store, request.key, request.user)
     except Exception as exc:
         await refuse(websocket, from_library_error(exc))
+        return
+    if isinstance(request.agent, LiveAgent):  # a realtime model: audio both ways
+        await serve_live_realtime(websocket, state, request, request.agent)
         return
     conversation = _Conversation(websocket, state, request)
     open_here = _open.setdefault(state, {})

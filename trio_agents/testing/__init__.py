@@ -6,7 +6,8 @@ can assert that a cancel really closed the HTTP stream.  Plans exist for OpenAI 
 completions (:func:`openai_stream`), the OpenAI Responses API (:func:`responses_stream`, on the
 OpenAI server) and Anthropic Messages (:func:`anthropic_stream`, on
 :func:`open_fake_anthropic_server`, whose base URL has no ``/v1``); :func:`replay` sends
-recorded bytes.
+recorded bytes.  :func:`open_fake_realtime_server` is a fake OpenAI Realtime server on a real
+WebSocket (see :mod:`trio_agents.testing.realtime`).
 """
 
 from ._plans import replay as replay
@@ -28,4 +29,7 @@ from .openai import open_fake_openai_server as open_fake_openai_server
 from .openai import openai_error as openai_error
 from .openai import openai_stream as openai_stream
 from .openai import serve_fake_openai_server as serve_fake_openai_server
+from .realtime import FakeRealtimeServer as FakeRealtimeServer
+from .realtime import RealtimeReply as RealtimeReply
+from .realtime import open_fake_realtime_server as open_fake_realtime_server
 from .responses import responses_stream as responses_stream

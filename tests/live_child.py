@@ -1,0 +1,32 @@
+"""The child process of the live-session kill test: open a live session, get through one turn,
+start a second, print the session id once its audio flows, then wait to be killed.
+
+``python -m tests.live_child STORE_URL REALTIME_URL``
+"""
+
+from __future__ import annotations
+
+import sys
+
+import trio
+
+import trio_agents as ta
+from trio_agents.live import LiveAgent, LiveAudio, LiveTurnDone, open_live
+from trio_agents.models import OpenAIRealtime
+
+
+async def main(store: str, url: str) -> None:
+    agent = LiveAgent(name="voice", model=OpenAIRealtime("gpt-realtime", base_url=url))
+    async with ta.Runner(store=store, lease_ttl=1.0) as runner, open_live(runner, agent) as live:
+        await live.send_text("hello")
+        while not isinstance(await live.receive(), LiveTurnDone):
+            pass
+        await live.send_text("a long story please")
+        while not isinstance(await live.receive(), LiveAudio):
+            pass
+        print(live.id, flush=True)
+        await trio.sleep_forever()
+
+
+if __name__ == "__main__":
+    trio.run(main, sys.argv[1], sys.argv[2])
