@@ -44,6 +44,10 @@ def bench(session: nox.Session) -> None:
         "fleet",
         "otel",
         "streams",
+        "mcp",
+        "agui",
+        "a2a",
+        "live",
     ):
         session.run("python", "-m", f"benchmarks.{script}", *session.posargs)
 
