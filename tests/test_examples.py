@@ -216,6 +216,26 @@ async def test_summarize_agent_answers_a_batch(tmp_path: Path) -> None:
 
 
 # Each example, and the test here that runs it offline: an example without one fails this.
+@pytest.mark.slow
+async def test_mcp_server_tools_through_an_agent() -> None:
+    """``examples/mcp_server.py`` over stdio: its ``add`` tool, called by an agent's model,
+    answers through the MCP server process."""
+    import trio_agents as ta
+    from trio_agents.events import ToolCallFinished
+    from trio_agents.models import ScriptedModel, ScriptedTurn
+
+    server = ta.mcp.MCPServer.stdio(sys.executable, [str(ROOT / "examples" / "mcp_server.py")])
+    model = ScriptedModel([ScriptedTurn.call("add", '{"a": 40, "b": 2}'), "the sum is 42"])
+    agent = ta.Agent(name="adder", model=model, tools=[server])
+    with trio.fail_after(60):
+        async with ta.Runner() as runner:
+            outcome = await runner.run(agent, "add 40 and 2")
+            events = await runner.store.load_events(outcome.invocation_id)
+    [finished] = [e for e in events if isinstance(e, ToolCallFinished)]
+    assert (finished.result.content, finished.result.is_error) == ("42", False)
+    assert outcome.status == "completed"
+
+
 RUN_BY = {
     "research": test_research_runs_its_tools_in_parallel,
     "deploy_over_http": test_deploy_over_http_approved,
@@ -226,6 +246,7 @@ RUN_BY = {
     "weather": test_weather_agent_runs_its_tool,
     "deploy": test_deploy_agent_asks_before_it_deploys,
     "summarize": test_summarize_agent_answers_a_batch,
+    "mcp_server": test_mcp_server_tools_through_an_agent,
 }
 
 
