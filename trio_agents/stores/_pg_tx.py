@@ -64,9 +64,11 @@ class Tx:
 
     for_update = " FOR UPDATE"
     for_no_key_update = " FOR NO KEY UPDATE"
+    for_share = " FOR SHARE"
     for_key_share = " FOR KEY SHARE"
     code_order = ' COLLATE "C"'
     modifying_with = True
+    lateral = True
 
     def __init__(
         self, conn: Conn, clock: Callable[[], float] | None, channels: tuple[str, str]

@@ -138,9 +138,11 @@ class _Tx:
 
     for_update = ""
     for_no_key_update = ""
+    for_share = ""
     for_key_share = ""
     code_order = ""  # BINARY: UTF-8 bytes, code point order
     modifying_with = False
+    lateral = False
 
     def __init__(self, conn: sqlite3.Connection, clock: Callable[[], float]) -> None:
         self.began = time.monotonic()
