@@ -64,7 +64,6 @@ class Tx:
 
     for_update = " FOR UPDATE"
     for_no_key_update = " FOR NO KEY UPDATE"
-    for_share = " FOR SHARE"
     for_key_share = " FOR KEY SHARE"
     code_order = ' COLLATE "C"'
     modifying_with = True

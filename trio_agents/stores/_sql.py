@@ -20,9 +20,9 @@ The lock order
        :attr:`Tx.code_order`), so chunk boundaries cannot reorder them.
     2. ``owners`` rows (see "Owners" in :mod:`._base`), by owner: a live owner's renewal
        round (:func:`renew_leases`) locks its owner's row and nothing else; a round run row
-       by row, a start (:func:`cover`, ``FOR SHARE``) and a takeover (:func:`_uncover`,
-       ``FOR UPDATE``) lock it after their invocation rows, a takeover the old owner's and
-       its own in order of name.  So an ending or a takeover of a live owner's invocation
+       by row and a takeover of a covered row (:func:`_uncover`, ``FOR UPDATE``) lock it
+       after their invocation rows (a start only reads it: :func:`cover`; a new owner's
+       first start inserts it).  So an ending or a takeover of a live owner's invocation
        (``FOR UPDATE`` on its row) never waits for the owner's renewal round.
     3. ``sessions`` rows, by id, the same way.
     4. Rows that belong to a locked invocation (``events``, ``event_batches``,
@@ -475,13 +475,18 @@ def orphans(tx: Tx, agents: Sequence[str], limit: int) -> list[InvocationRecord]
 
 def cover(tx: Tx, owner: str) -> int:
     """The generation of ``owner``'s row to stamp on a row it takes now: its current one if
-    the row is live (held ``FOR SHARE`` to the commit, so no renewal or takeover moves it
-    meanwhile), else ``0`` - not covered: the row's own expiry counts until the owner's next
-    renewal round revives its row (row by row) and stamps it.  A missing owner row is
+    the row is live, else ``0`` - not covered: the row's own expiry counts until the owner's
+    next renewal round revives its row (row by row) and stamps it.  A missing owner row is
     entered, lapsed, so :func:`orphans` finds the row if its owner dies before that round.
-    Nothing here writes a live owner's row: starts do not queue on it.
+
+    A plain read, no lock: starts neither write nor lock a live owner's row, so they do not
+    queue on it, nor its rounds on them.  If the generation moves on before this commits (a
+    takeover, a revival after a lapse), the stamp is an old one, never current again
+    (generations only grow): the row is not covered, its own lease counts (the one this
+    transaction returns), and the owner's next round, its leases of two generations, runs
+    row by row and stamps it afresh.
     """
-    rows = tx.rows(f"SELECT expires_at, gen FROM owners WHERE owner = ?{tx.for_share}", (owner,))
+    rows = tx.rows("SELECT expires_at, gen FROM owners WHERE owner = ?", (owner,))
     if not rows:
         tx.run(
             "INSERT INTO owners (owner, expires_at, gen) VALUES (?, 0, 1)"
@@ -530,7 +535,7 @@ def acquire_lease(
     if record.status == "completed":  # checked here, under the lock: a race cannot revive it
         raise UsageError(f"invocation {invocation_id!r} completed already; nothing to resume")
     # The owner rows after the invocation's, before the session's (the lock order), and two
-    # of them (the old owner's, ours) in order of name.
+    # of them (the old owner's, ours: an insert if it is new) in order of name.
     first_ours = record.status != "running" or owner < (record.owner or "")
     gen = cover(tx, owner) if first_ours else 0
     if record.status == "running":

@@ -29,10 +29,6 @@ class Tx(Protocol):
     unlike ``FOR UPDATE`` it lets a foreign-key check's ``FOR KEY SHARE`` through), else
     ``""``."""
 
-    for_share: str
-    """``" FOR SHARE"`` (PostgreSQL: a lock an ``UPDATE`` of the row waits for, that others
-    like it do not), else ``""``."""
-
     for_key_share: str
     """``" FOR KEY SHARE"`` (PostgreSQL: what a foreign-key check takes on the row it points
     to), else ``""``."""

@@ -138,7 +138,6 @@ class _Tx:
 
     for_update = ""
     for_no_key_update = ""
-    for_share = ""
     for_key_share = ""
     code_order = ""  # BINARY: UTF-8 bytes, code point order
     modifying_with = False
