@@ -324,13 +324,18 @@ async def run_size(args: argparse.Namespace, model_url: str, size: int) -> dict[
         timeout = httpx2.Timeout(120)
         async with httpx2.AsyncClient(headers=headers, limits=limits, timeout=timeout) as client:
             records = Records(client, model_url)
-            results["starts"] = await starts_part(client, urls, args.starts)
-            results["cancel"] = await cancel_part(client, records, urls, args.streams, args.cancels)
-            results["idle"] = [
-                await idle_part(client, urls, pids, args.pg, schema, n, args.window)
-                for n in args.parked
-            ]
-            if size >= 2:
+            if "starts" in args.parts:
+                results["starts"] = await starts_part(client, urls, args.starts)
+            if "cancel" in args.parts:
+                results["cancel"] = await cancel_part(
+                    client, records, urls, args.streams, args.cancels
+                )
+            if "idle" in args.parts:
+                results["idle"] = [
+                    await idle_part(client, urls, pids, args.pg, schema, n, args.window)
+                    for n in args.parked
+                ]
+            if size >= 2 and "kill" in args.parts:
                 results["kill"] = await kill_part(
                     client, records, urls, fleet[0][1], args.held, args.lease_ttl
                 )
@@ -347,15 +352,17 @@ def report(all_results: dict[int, dict[str, Any]]) -> None:
     print(f"machine: {machine()}")
     for size, results in all_results.items():
         print(f"\n== {size} instance(s)")
-        starts = results["starts"]
-        print(f"starts: {starts['starts/s']} /s ({starts['starts']} starts, 64 clients)")
-        cancel = results["cancel"]
-        print(
-            f"cancel from another instance: model stream closed "
-            f"{ms(cancel['model stream closed (ms)'])}, answered "
-            f"{ms(cancel['answer from the other instance (ms)'])}"
-        )
-        for idle in results["idle"]:
+        if "starts" in results:
+            starts = results["starts"]
+            print(f"starts: {starts['starts/s']} /s ({starts['starts']} starts, 64 clients)")
+        if "cancel" in results:
+            cancel = results["cancel"]
+            print(
+                f"cancel from another instance: model stream closed "
+                f"{ms(cancel['model stream closed (ms)'])}, answered "
+                f"{ms(cancel['answer from the other instance (ms)'])}"
+            )
+        for idle in results.get("idle", []):
             cpu = ", ".join(f"{c}%" for c in idle["CPU per instance (% of a core)"])
             print(
                 f"idle with {idle['parked']} parked: "
@@ -388,6 +395,13 @@ def main() -> None:
     parser.add_argument("--starts", type=int, default=2000)
     parser.add_argument("--window", type=float, default=10.0)
     parser.add_argument("--lease-ttl", type=float, default=10.0)
+    parser.add_argument(
+        "--parts",
+        nargs="+",
+        choices=["starts", "cancel", "idle", "kill"],
+        default=["starts", "cancel", "idle", "kill"],
+        help="which measurements to make (default: all)",
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run")
     args = parser.parse_args()
     if args.quick:

@@ -29,7 +29,7 @@ import trio
 
 import trio_agents.stores.postgres as pg_store
 from trio_agents import Invocation, LeaseError, Runner, StoreError, StoreUnavailableError
-from trio_agents.events import ApprovalRequested
+from trio_agents.events import ApprovalRequested, InvocationEnded
 from trio_agents.messages import AssistantMessage
 from trio_agents.stores import (
     ApprovalDecision,
@@ -290,15 +290,25 @@ async def test_renewals_in_any_order_never_deadlock_with_commits(
 
 
 async def during_a_held_round(
-    postgres_url: str, postgres_schema: str, call: Callable[[PostgresStore], Awaitable[bool]]
+    postgres_url: str,
+    postgres_schema: str,
+    call: Callable[[PostgresStore], Awaitable[bool]],
+    *,
+    live_owner: bool = False,
 ) -> None:
     """Store ``a`` renews the leases of ``x`` and ``y`` in a transaction it keeps open; store
-    ``b`` (another process) makes ``call`` meanwhile, which must not wait for the round."""
+    ``b`` (another process) makes ``call`` meanwhile, which must not wait for the round.
+    With ``live_owner`` a first round revived the owner's row and stamped them: the held
+    round is the owner's row alone; else it runs row by row."""
     from trio_agents.stores import _sql
 
     with trio.fail_after(20):
         async with open_stores(postgres_url, postgres_schema, 2) as (a, b):
             leases = await make_invocations(a, ["x", "y"])
+            if live_owner:
+                stamped = await a.renew_leases(list(leases.values()), ttl=30.0)
+                leases = {r.invocation_id: r for r in stamped if isinstance(r, Lease)}
+                assert [lease.owner_gen for lease in leases.values()] == [1, 1]  # no row before
             holding, release = threading.Event(), threading.Event()
             renewed: list[list[Lease | LeaseError]] = []
 
@@ -361,6 +371,25 @@ async def test_a_cancel_request_does_not_wait_for_a_renewal_round(
         return first and second
 
     await during_a_held_round(postgres_url, postgres_schema, two_requests)
+
+
+async def test_an_ending_does_not_wait_for_a_renewal_round(
+    postgres_url: str, postgres_schema: str
+) -> None:
+    """The ending of a cancelled invocation (its commit locks the row ``FOR UPDATE``, as a
+    takeover does) goes through while its owner's renewal round is open: a live owner's round
+    moves the owner's row alone, no invocation row.  (Renewed row by row, the round held
+    ``FOR NO KEY UPDATE`` on each, and the ending waited for it: a cross-instance cancel's
+    answer met a round of thousands now and then.)"""
+
+    async def ending(b: PostgresStore) -> bool:
+        lease = Lease(invocation_id="x", owner="a", epoch=1, expires_at=1e12)
+        ended = InvocationEnded(invocation_id="x", seq=1, at=2000.0, status="cancelled")
+        [result] = await b.commit([JournalWrite(lease=lease, events=(ended,))])
+        assert not isinstance(result, Exception), result
+        return (await b.get_invocation("x")).status == "cancelled"
+
+    await during_a_held_round(postgres_url, postgres_schema, ending, live_owner=True)
 
 
 async def test_cancel_requests_racing_from_two_processes_merge_as_one(

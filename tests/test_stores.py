@@ -898,8 +898,9 @@ async def test_open_store_postgres_url_with_schema(postgres_url: str, postgres_s
                     (postgres_schema,),
                 )
             )
-            assert rows[0][0] == 13  # six tables, approval_decisions (2), event_batches (3),
-            # gate_secrets (4), batches and batch_jobs (7), changes and changes_head (9)
+            assert rows[0][0] == 14  # six tables, approval_decisions (2), event_batches (3),
+            # gate_secrets (4), batches and batch_jobs (7), changes and changes_head (9),
+            # owners (10)
 
 
 @pytest.mark.parametrize(

@@ -35,6 +35,27 @@ must be greater than the head, so ids are strictly increasing over the invocatio
 invocations, several for one - in one transaction.  Each write is fenced and checked on its
 own: a rejected write changes nothing and its error comes back in its slot; the others commit.
 
+**Owners.**  A running invocation's lease lasts while its owner lives: each store keeps one
+row per owner (``owners``: its expiry and a generation, ``gen``), and an invocation row
+stamped with its owner's current generation is covered by it.  Its *effective* expiry - what
+:attr:`InvocationRecord.lease_expires_at` reports, what a takeover, :meth:`Store.orphans` and
+the session-busy checks compare - is the later of its own row's expiry (set when the lease is
+taken) and, while the stamp is current, its owner's.  A renewal round of a live owner
+(:meth:`Store.renew_leases`) then moves the owner's row alone, one row however many
+invocations it holds; it touches no invocation row.  The generation grows whenever a
+covered row may have changed hands behind the owner: a takeover of a covered invocation bumps
+it, and so does reviving a lapsed owner; a row stamped with an older generation is no longer
+covered (its own expiry counts), so an invocation its owner stopped renewing before a lapse
+becomes an orphan as before, even though its owner came back.  A :class:`Lease` carries the
+generation it was renewed under (:attr:`Lease.owner_gen`): the owner's row renews it only
+while that generation is current.  A start or a takeover stamps the owner's generation
+if its row is live and writes no owner row (starts do not queue on it); else the invocation
+keeps its own expiry until the owner's next round revives the row (row by row, once).
+Owner rows are never deleted (one per runner that ever held a lease, a few dozen bytes): a
+generation is never reused, and :meth:`Store.orphans` reads them all (one index probe each).
+An owner name belongs to one live runner at a time (the default is unique per runner): a
+round of one runner renews the owner's row for every invocation stamped under it.
+
 **Sessions.**  At most one invocation of a session runs at a time unless asked otherwise
 (``exclusive_session=False``): :meth:`Store.create_invocation` and :meth:`Store.acquire_lease`
 raise :class:`~trio_agents.SessionBusy` while another invocation of the session is running
@@ -156,6 +177,12 @@ class Lease:
     later one would let the local deadline outlive the stored lease); an earlier one only
     costs some of the lease.  Each store says where it takes it and why that is early enough.
     It is this process's own reading: never stored, not compared (``==`` ignores it).
+
+    ``owner_gen`` is the generation of its owner's row that covers it (see "Owners" in
+    :mod:`trio_agents.stores`): a renewal round whose leases all carry the owner's current
+    generation renews the owner's row alone.  ``0`` (a lease made by hand, or taken while
+    the owner's row had lapsed): not covered, the next round renews it row by row.  Not
+    compared either.
     """
 
     invocation_id: str
@@ -163,6 +190,7 @@ class Lease:
     epoch: int
     expires_at: float
     counted_from: float | None = attrs.field(default=None, eq=False, repr=False)
+    owner_gen: int = attrs.field(default=0, eq=False, repr=False)
 
 
 @attrs.frozen(kw_only=True)
@@ -453,7 +481,18 @@ class Store(BatchStore, Protocol):
     ) -> list[Lease | LeaseError]:
         """Extend many leases in one transaction; each slot is the new lease or why not.
 
-        Each lease is fenced on its own (an unknown invocation is a :class:`LeaseError` too).
+        Each lease is fenced on its own (an unknown invocation is a :class:`LeaseError` too),
+        except on the fast path: when every lease is ``owner``'s and carries its row's current
+        generation (:attr:`Lease.owner_gen`) and that row has not lapsed, only the owner's row
+        is renewed, and every slot comes back renewed without its invocation row being read.
+        Nobody can have taken any of them over meanwhile (a takeover needs the owner's row
+        lapsed, or bumps its generation), so the fencing answer would be the same, but for a
+        lease whose invocation *ended* (its owner wrote the ending: it knows) - renewed in
+        vain, nothing changes hands and no write can use it (each write is fenced by its
+        epoch).  Otherwise (the owner's row lapsed or missing, a lease of an older
+        generation, several owners) each lease is fenced on its own, the rows still held are
+        renewed, and the owner's row is revived (a new generation if it had lapsed) and
+        stamped on them.
         """
         ...
 

@@ -67,6 +67,9 @@ class MemoryBatches:
     _records: dict[str, InvocationRecord]
     _batches: dict[str, _Batch]  # made by the store's __init__
 
+    def _expiry(self, record: InvocationRecord) -> float:
+        raise NotImplementedError  # the store's: its effective lease expiry
+
     def _batch(self, batch_id: str) -> _Batch:
         try:
             return self._batches[batch_id]
@@ -139,7 +142,7 @@ class MemoryBatches:
         if job.status != "running" or job.claimed_until >= now or job.owner == owner:
             return False
         record = self._records.get(job.invocation_id)
-        return record is None or record.status != "running" or record.lease_expires_at < now
+        return record is None or record.status != "running" or self._expiry(record) < now
 
     async def claim_jobs(
         self,

@@ -67,6 +67,7 @@ class Tx:
     for_key_share = " FOR KEY SHARE"
     code_order = ' COLLATE "C"'
     modifying_with = True
+    lateral = True
 
     def __init__(
         self, conn: Conn, clock: Callable[[], float] | None, channels: tuple[str, str]

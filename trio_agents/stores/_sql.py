@@ -18,8 +18,14 @@ The lock order
        taken from one sorted list (:func:`lock_in_order`), never in the caller's order.
        Ids sort by code point, the same in Python and in SQL (``COLLATE "C"``, see
        :attr:`Tx.code_order`), so chunk boundaries cannot reorder them.
-    2. ``sessions`` rows, by id, the same way.
-    3. Rows that belong to a locked invocation (``events``, ``event_batches``,
+    2. ``owners`` rows (see "Owners" in :mod:`._base`), by owner: a live owner's renewal
+       round (:func:`renew_leases`) locks its owner's row and nothing else; a round run row
+       by row and a takeover of a covered row (:func:`_uncover`, ``FOR UPDATE``) lock it
+       after their invocation rows (a start only reads it: :func:`cover`; a new owner's
+       first start inserts it).  So an ending or a takeover of a live owner's invocation
+       (``FOR UPDATE`` on its row) never waits for the owner's renewal round.
+    3. ``sessions`` rows, by id, the same way.
+    4. Rows that belong to a locked invocation (``events``, ``event_batches``,
        ``cancel_requests``, ``approval_decisions``, ``gate_secrets``) or session
        (``session_entries``): written only while their parent row is locked.  Only ``FOR
        KEY SHARE`` admits several holders of one parent, so only gate decisions
@@ -28,10 +34,10 @@ The lock order
        :func:`record_decision` inserts one.  :func:`take_secret` touches one
        ``gate_secrets`` row and nothing else, so it cannot close a circle.  A row being
        inserted (a new invocation) is no one's to wait for but another insert of its id.
-    4. ``batches`` and ``batch_jobs`` (:mod:`._sql_batch`) are never locked in a transaction
+    5. ``batches`` and ``batch_jobs`` (:mod:`._sql_batch`) are never locked in a transaction
        with the tables above: batch rows (sorted), then their job rows under their lock, or
        job rows ``FOR UPDATE SKIP LOCKED`` (a claim: it never waits).
-    5. The changes feed's one ``changes_head`` row, last of all: a transaction that appends
+    6. The changes feed's one ``changes_head`` row, last of all: a transaction that appends
        a change (:func:`append_change`, from :func:`request_cancel` and
        :func:`record_decision`) takes it as its last lock and holds it to its commit, which
        is what numbers the changes in commit order (see :mod:`._sql_feed`).  After it, the
@@ -76,6 +82,7 @@ from ._base import (
 )
 from ._records import check_orphan, lease_held, lease_taken
 from ._sql_sessions import claim_session
+from ._sql_tx import COVER, EFFECTIVE
 from ._sql_tx import Tx as Tx
 
 __all__ = [
@@ -87,6 +94,7 @@ __all__ = [
     "append_change",
     "cancel_of",
     "chunks",
+    "cover",
     "decision_of",
     "fenced",
     "lock_in_order",
@@ -246,12 +254,41 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
         "CREATE TABLE changes_head (last_id BIGINT NOT NULL)",
         "INSERT INTO changes_head (last_id) VALUES (0)",
     ),
+    # 10: one lease row per owner (see "Owners" in ._base): a live owner's renewal round moves
+    # its row, not its invocations'.  A row is covered while its owner_gen is its owner's gen.
+    # The running invocations of an owner are found by index (orphans).  Owners that ran
+    # something before are entered lapsed, one generation on: their rows keep their own expiry.
+    (
+        """CREATE TABLE owners (
+            owner TEXT PRIMARY KEY,
+            expires_at DOUBLE PRECISION NOT NULL,
+            gen BIGINT NOT NULL
+        )""",
+        "ALTER TABLE invocations ADD COLUMN owner_gen BIGINT NOT NULL DEFAULT 0",
+        "CREATE INDEX invocations_running_by_owner ON invocations (owner, owner_gen)"
+        " WHERE status = 'running'",
+        "INSERT INTO owners (owner, expires_at, gen) SELECT DISTINCT owner, 0, 1 FROM invocations"
+        " WHERE status = 'running' AND owner IS NOT NULL",
+    ),
 )
 
 _COLUMNS: Final = (
     "id, agent, input, user_id, session_id, status, created_at, updated_at, owner, "
-    "lease_epoch, lease_expires_at, last_seq, last_sub"
+    "lease_epoch, lease_expires_at, last_seq, last_sub, owner_gen"
 )
+"""An invocation row as stored (its own lease expiry; ``owner_gen`` last)."""
+_READ: Final = (
+    "i.id, i.agent, i.input, i.user_id, i.session_id, i.status, i.created_at, i.updated_at,"
+    f" i.owner, i.lease_epoch, {EFFECTIVE}, i.last_seq, i.last_sub, i.owner_gen"
+)
+"""An invocation as read (:data:`COVER` joined): its effective lease expiry."""
+_LAPSED: Final = (
+    "CASE WHEN i.owner_gen = o.gen AND o.expires_at > i.lease_expires_at THEN o.expires_at"
+    " ELSE i.lease_expires_at END"
+)
+""":data:`EFFECTIVE` where ``o`` is the row's owner's, covering it or not."""
+_OWN: Final = "i.lease_expires_at"
+"""A row's effective lease expiry where ``o`` does not cover it."""
 CHUNK: Final = 500
 """Ids per ``IN (...)`` list: well under SQLite's limit of bound parameters."""
 _STATUSES: Final = frozenset({"running", "completed", "failed", "cancelled", "paused"})
@@ -338,16 +375,21 @@ def record_of(row: Sequence[Any]) -> InvocationRecord:
 
 
 def locked(tx: Tx, invocation_id: str) -> InvocationRecord:
+    """The row, locked (``FOR UPDATE``), with its own lease expiry (not the effective one)."""
+    return _locked(tx, invocation_id)[0]
+
+
+def _locked(tx: Tx, invocation_id: str) -> tuple[InvocationRecord, int]:
     rows = tx.rows(
         f"SELECT {_COLUMNS} FROM invocations WHERE id = ?{tx.for_update}", (invocation_id,)
     )
     if not rows:
         raise InvocationNotFound(f"no invocation with id {invocation_id!r}")
-    return record_of(rows[0])
+    return record_of(rows[0]), int(rows[0][13])
 
 
 def get_invocation(tx: Tx, invocation_id: str) -> InvocationRecord:
-    rows = tx.rows(f"SELECT {_COLUMNS} FROM invocations WHERE id = ?", (invocation_id,))
+    rows = tx.rows(f"SELECT {_READ} FROM invocations i {COVER} WHERE i.id = ?", (invocation_id,))
     if not rows:
         raise InvocationNotFound(f"no invocation with id {invocation_id!r}")
     return record_of(rows[0])
@@ -361,36 +403,121 @@ def list_invocations(
     conditions: list[str] = []
     params: list[Any] = []
     if status is not None:
-        conditions.append("status = ?")
+        conditions.append("i.status = ?")
         params.append(status)
     if session_id is not None:
-        conditions.append("session_id = ?")
+        conditions.append("i.session_id = ?")
         params.append(session_id)
     where = f"WHERE {' AND '.join(conditions)} " if conditions else ""
     rows = tx.rows(
-        f"SELECT {_COLUMNS} FROM invocations {where}ORDER BY created_at DESC, id DESC LIMIT ?",
+        f"SELECT {_READ} FROM invocations i {COVER} {where}"
+        "ORDER BY i.created_at DESC, i.id DESC LIMIT ?",
         [*params, limit],
     )
     return [record_of(row) for row in rows]
 
 
 def orphans(tx: Tx, agents: Sequence[str], limit: int) -> list[InvocationRecord]:
-    """Running invocations of ``agents`` whose lease lapsed, longest lapsed first; a batch's
-    jobs left out (see :meth:`Store.orphans`).  A range of ``invocations_by_lease``."""
+    """Running invocations of ``agents`` whose effective lease lapsed, longest lapsed first; a
+    batch's jobs left out (see :meth:`Store.orphans`).
+
+    Not a scan of what runs (a live owner's rows are not renewed, so their own expiry has
+    passed): the owner rows (one per runner ever), each probing
+    ``invocations_running_by_owner`` - every running row of a lapsed owner, and of a live
+    owner those stamped with an older generation (a range of the index: generations only
+    grow), each then checked for its own expiry.  What a live owner covers is not read.
+    """
     names = list(dict.fromkeys(agents))[:CHUNK]
     if limit < 0:
         raise UsageError(f"limit must be >= 0, got {limit}")
     if not names or not limit:
         return []
     marks = ", ".join("?" * len(names))
-    rows = tx.rows(
-        f"SELECT {_COLUMNS} FROM invocations WHERE status = 'running' AND lease_expires_at <= ?"
-        f" AND agent IN ({marks})"
-        " AND NOT EXISTS (SELECT 1 FROM batch_jobs j WHERE j.invocation_id = invocations.id)"
-        " ORDER BY lease_expires_at, id LIMIT ?",
-        [tx.now(), *names, limit],
+    now = tx.now()
+    common = (  # (`+`: a filter, not a range of invocations_by_lease, which holds them all)
+        f"i.status = 'running' AND +i.lease_expires_at <= ? AND i.agent IN ({marks})"
+        " AND NOT EXISTS (SELECT 1 FROM batch_jobs j WHERE j.invocation_id = i.id)"
     )
-    return [record_of(row) for row in rows]
+    branches: list[tuple[str, list[Any]]] = []
+    for where, rows, read in (
+        ("o.expires_at <= ?", "", _READ.replace(EFFECTIVE, _LAPSED)),
+        # A live owner: only its rows of an older generation, which it does not cover.
+        ("o.expires_at > ?", " AND i.owner_gen < o.gen", _READ.replace(EFFECTIVE, _OWN)),
+    ):
+        if tx.lateral:  # PostgreSQL: one index probe per owner, whatever the statistics say
+            branches.append(
+                (
+                    f"SELECT x.* FROM owners o CROSS JOIN LATERAL (SELECT {read}"
+                    f" FROM invocations i WHERE i.owner = o.owner{rows} AND {common}"
+                    f" ORDER BY 11, 1 LIMIT ?) x WHERE {where}",
+                    [now, *names, limit, now],
+                )
+            )
+        else:  # SQLite: CROSS JOIN keeps owners the outer loop (its planner's rule)
+            branches.append(
+                (
+                    f"SELECT {read} FROM owners o CROSS JOIN invocations i"
+                    f" WHERE i.owner = o.owner{rows} AND {where} AND {common}",
+                    [now, now, *names],
+                )
+            )
+    (lapsed, lapsed_params), (live, live_params) = branches
+    if tx.lateral:
+        # A probe per owner is estimated as dear as a scan of what runs; past the estimate
+        # PostgreSQL compiles the query (JIT), which costs it a hundred times what it saves.
+        tx.run("SET LOCAL jit = off")
+    found = tx.rows(
+        f"{lapsed} UNION ALL {live} ORDER BY 11, 1 LIMIT ?",
+        [*lapsed_params, *live_params, limit],
+    )
+    return [record_of(row) for row in found]
+
+
+def cover(tx: Tx, owner: str) -> int:
+    """The generation of ``owner``'s row to stamp on a row it takes now: its current one if
+    the row is live, else ``0`` - not covered: the row's own expiry counts until the owner's
+    next renewal round revives its row (row by row) and stamps it.  A missing owner row is
+    entered, lapsed, so :func:`orphans` finds the row if its owner dies before that round.
+
+    A plain read, no lock: starts neither write nor lock a live owner's row, so they do not
+    queue on it, nor its rounds on them.  If the generation moves on before this commits (a
+    takeover, a revival after a lapse), the stamp is an old one, never current again
+    (generations only grow): the row is not covered, its own lease counts (the one this
+    transaction returns), and the owner's next round, its leases of two generations, runs
+    row by row and stamps it afresh.
+    """
+    rows = tx.rows("SELECT expires_at, gen FROM owners WHERE owner = ?", (owner,))
+    if not rows:
+        tx.run(
+            "INSERT INTO owners (owner, expires_at, gen) VALUES (?, 0, 1)"
+            " ON CONFLICT (owner) DO NOTHING",
+            (owner,),
+        )
+        return 0
+    return int(rows[0][1]) if float(rows[0][0]) > tx.now() else 0
+
+
+def _uncover(tx: Tx, record: InvocationRecord, owner_gen: int) -> float:
+    """Before ``record`` (locked, running) changes hands: its owner's row, if it covers it,
+    and when that lapses (``0.0`` when it does not cover it).
+
+    A covering row is locked (``FOR UPDATE``) and its generation bumped, so a renewal
+    round of the old owner that read its clock before this takeover cannot renew it on the
+    fast path after it commits (it runs row by row, and is fenced out).  A row that does
+    not cover it stays as it is, unlocked: generations only grow, so it never will again.
+    """
+    if record.owner is None or owner_gen == 0:
+        return 0.0
+    found = tx.rows("SELECT gen FROM owners WHERE owner = ?", (record.owner,))
+    if not found or int(found[0][0]) != owner_gen:
+        return 0.0
+    rows = tx.rows(
+        f"SELECT expires_at, gen FROM owners WHERE owner = ?{tx.for_update}", (record.owner,)
+    )
+    if not rows or int(rows[0][1]) != owner_gen:
+        return 0.0
+    tx.run("UPDATE owners SET gen = gen + 1 WHERE owner = ?", (record.owner,))
+    return float(rows[0][0])
 
 
 def acquire_lease(
@@ -401,14 +528,23 @@ def acquire_lease(
     exclusive_session: bool = True,
     expect_epoch: int | None = None,
 ) -> Lease:
-    record = locked(tx, invocation_id)
+    record, owner_gen = _locked(tx, invocation_id)
     if expect_epoch is not None:
         check_orphan(record, expect_epoch)
     now = tx.now()
-    if record.status == "running" and record.owner != owner and record.lease_expires_at > now:
-        raise lease_held(invocation_id, record.owner, record.lease_expires_at, now)
     if record.status == "completed":  # checked here, under the lock: a race cannot revive it
         raise UsageError(f"invocation {invocation_id!r} completed already; nothing to resume")
+    # The owner rows after the invocation's, before the session's (the lock order), and two
+    # of them (the old owner's, ours: an insert if it is new) in order of name.
+    first_ours = record.status != "running" or owner < (record.owner or "")
+    gen = cover(tx, owner) if first_ours else 0
+    if record.status == "running":
+        covered_until = _uncover(tx, record, owner_gen)
+        expires_at = max(record.lease_expires_at, covered_until)
+        if record.owner != owner and expires_at > now:
+            raise lease_held(invocation_id, record.owner, expires_at, now)
+    if not first_ours:
+        gen = cover(tx, owner)
     if record.session_id is not None:
         claim_session(
             tx,
@@ -420,8 +556,8 @@ def acquire_lease(
     epoch = record.lease_epoch + 1
     tx.run(
         "UPDATE invocations SET status = 'running', owner = ?, lease_epoch = ?,"
-        " lease_expires_at = ?, updated_at = ? WHERE id = ?",
-        (owner, epoch, now + ttl, now, invocation_id),
+        " lease_expires_at = ?, owner_gen = ?, updated_at = ? WHERE id = ?",
+        (owner, epoch, now + ttl, gen, now, invocation_id),
     )
     return Lease(
         invocation_id=invocation_id,
@@ -429,6 +565,7 @@ def acquire_lease(
         epoch=epoch,
         expires_at=now + ttl,
         counted_from=tx.began,
+        owner_gen=gen,
     )
 
 
@@ -452,10 +589,35 @@ def renew_lease(tx: Tx, lease: Lease, ttl: float) -> Lease:
         epoch=lease.epoch,
         expires_at=expires_at,
         counted_from=tx.began,
+        owner_gen=lease.owner_gen,
     )
 
 
 def renew_leases(tx: Tx, leases: Sequence[Lease], ttl: float) -> list[Lease | LeaseError]:
+    """The fast path (one owner, one current generation, its row live: one ``UPDATE`` of
+    the owner's row), else row by row (see :meth:`Store.renew_leases`)."""
+    if not leases:
+        return []
+    expires_at = tx.now() + ttl
+    owner, gen = leases[0].owner, leases[0].owner_gen
+    # The owner row alone (it is all this transaction locks).  PostgreSQL rechecks the
+    # WHERE on the newest row once a takeover that locked it commits: a bumped gen fails.
+    if (
+        gen
+        and all(lease.owner == owner and lease.owner_gen == gen for lease in leases)
+        and tx.run(
+            "UPDATE owners SET expires_at = CASE WHEN expires_at > ? THEN expires_at ELSE ? END"
+            " WHERE owner = ? AND gen = ? AND expires_at > ?",
+            (expires_at, expires_at, owner, gen, tx.now()),
+        )
+    ):
+        return [
+            attrs.evolve(lease, expires_at=expires_at, counted_from=tx.began) for lease in leases
+        ]
+    return _renew_rows(tx, leases, expires_at)
+
+
+def _renew_rows(tx: Tx, leases: Sequence[Lease], expires_at: float) -> list[Lease | LeaseError]:
     found = {
         row[0]: (row[1], int(row[2]))
         # NO KEY UPDATE: a renewal changes no owner, so a cancel request or a decision for
@@ -468,8 +630,8 @@ def renew_leases(tx: Tx, leases: Sequence[Lease], ttl: float) -> list[Lease | Le
             no_key=True,
         )
     }
-    expires_at = tx.now() + ttl
     results: list[Lease | LeaseError] = []
+    held: dict[str, list[str]] = {}  # owner -> its invocations still held
     for lease in leases:
         if lease.invocation_id not in found:
             results.append(LeaseError(f"no invocation with id {lease.invocation_id!r} to renew"))
@@ -478,15 +640,34 @@ def renew_leases(tx: Tx, leases: Sequence[Lease], ttl: float) -> list[Lease | Le
         if epoch != lease.epoch or owner != lease.owner:
             results.append(lease_taken(lease, owner, epoch))
         else:
-            results.append(attrs.evolve(lease, expires_at=expires_at, counted_from=tx.began))
-    # Every row here is locked already: the UPDATE's own order cannot matter.
-    fresh = sorted({r.invocation_id for r in results if isinstance(r, Lease)})
-    for chunk, marks in chunks(fresh):
-        tx.run(
-            f"UPDATE invocations SET lease_expires_at = ? WHERE id IN ({marks})",
-            [expires_at, *chunk],
+            results.append(lease)
+            held.setdefault(lease.owner, []).append(lease.invocation_id)
+    # The owner rows after the invocations' (the lock order), by name: revived, a new
+    # generation if lapsed (what it covered may have changed hands), stamped on the rows held.
+    gens: dict[str, int] = {}
+    for owner in sorted(held):
+        row = tx.rows(
+            "INSERT INTO owners (owner, expires_at, gen) VALUES (?, ?, 1)"
+            " ON CONFLICT (owner) DO UPDATE SET"
+            " gen = CASE WHEN owners.expires_at > ? THEN owners.gen ELSE owners.gen + 1 END,"
+            " expires_at = CASE WHEN owners.expires_at > excluded.expires_at"
+            " THEN owners.expires_at ELSE excluded.expires_at END"
+            " RETURNING gen",
+            (owner, expires_at, tx.now()),
         )
-    return results
+        gens[owner] = int(row[0][0])
+        # Every row here is locked already: the UPDATE's own order cannot matter.
+        for chunk, marks in chunks(sorted(held[owner])):
+            tx.run(
+                f"UPDATE invocations SET lease_expires_at = ?, owner_gen = ? WHERE id IN ({marks})",
+                [expires_at, gens[owner], *chunk],
+            )
+    return [
+        attrs.evolve(r, expires_at=expires_at, counted_from=tx.began, owner_gen=gens[r.owner])
+        if isinstance(r, Lease)
+        else r
+        for r in results
+    ]
 
 
 # ---- cancel requests ----------------------------------------------------------------------

@@ -33,7 +33,7 @@ from ._batches import (
     job_invocation_id,
 )
 from ._sql import chunks, lock_in_order
-from ._sql_tx import Tx
+from ._sql_tx import COVER, EFFECTIVE, Tx
 
 __all__ = ["ALL_ROWS", "SQLBatches"]
 
@@ -204,10 +204,10 @@ def claim_jobs(
     if len(rows) < limit:  # jobs whose process died: claim and invocation lease both lapsed
         rows += tx.rows(
             f"SELECT {_JOB_COLUMNS}, 1 FROM batch_jobs j JOIN batches b ON b.id = j.batch_id"
-            " LEFT JOIN invocations i ON i.id = j.invocation_id"
+            f" LEFT JOIN invocations i ON i.id = j.invocation_id {COVER}"
             f" WHERE {where} AND b.status = 'open' AND j.status = 'running'"
             " AND j.claimed_until < ? AND j.owner <> ?"
-            " AND (i.id IS NULL OR i.status <> 'running' OR i.lease_expires_at < ?)"
+            f" AND (i.id IS NULL OR i.status <> 'running' OR {EFFECTIVE} < ?)"
             f" ORDER BY j.seq LIMIT ?{lock}",
             [*params, now, owner, now, limit - len(rows)],
         )

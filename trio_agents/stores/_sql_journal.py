@@ -28,7 +28,7 @@ from ._base import (
     SessionEntry,
 )
 from ._records import check_write, decode_batch, decode_event_row, encode_batch
-from ._sql import Tx, fenced, lock_in_order
+from ._sql import Tx, cover, fenced, lock_in_order
 from ._sql_sessions import append_entry, claim_session, ensure_session
 
 __all__ = [
@@ -43,8 +43,8 @@ __all__ = [
 
 _INSERT: str = (
     "INSERT INTO invocations (id, agent, input, user_id, session_id, status, created_at,"
-    " updated_at, owner, lease_epoch, lease_expires_at, last_seq, last_sub)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?) ON CONFLICT (id) DO NOTHING"
+    " updated_at, owner, lease_epoch, lease_expires_at, last_seq, last_sub, owner_gen)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING"
 )
 
 
@@ -66,6 +66,8 @@ def create_invocation(
         # Its invocation's row before the session's (the lock order, see ._sql): a commit of
         # the same invocation with a session entry takes them in that order too.
         fenced(tx, with_write.lease)
+    # The owner's row after the invocations', before the session's (the lock order).
+    gen = cover(tx, record.owner)
     if record.session_id is not None:
         claim_session(
             tx,
@@ -80,6 +82,7 @@ def create_invocation(
         epoch=1,
         expires_at=now + ttl,
         counted_from=tx.began,
+        owner_gen=gen,
     )
     # The new row is checked and written with its first events in one INSERT: there is
     # nothing to fence (the row is new) and no head to move afterwards.
@@ -101,6 +104,7 @@ def create_invocation(
             now + ttl,
             head[0],
             head[1],
+            gen,
         ),
     )
     if inserted == 0:

@@ -25,7 +25,7 @@ from ._records import (
     next_entry,
     session_busy,
 )
-from ._sql_tx import Tx
+from ._sql_tx import COVER, EFFECTIVE, Tx
 
 __all__ = [
     "append_entry",
@@ -74,8 +74,9 @@ def claim_session(
         return
     tx.rows(f"SELECT 1 FROM sessions WHERE id = ?{tx.for_update}", (session_id,))
     rows = tx.rows(
-        "SELECT id FROM invocations WHERE session_id = ? AND status = 'running'"
-        " AND lease_expires_at > ? AND id <> ? ORDER BY created_at, id LIMIT 1",
+        f"SELECT i.id FROM invocations i {COVER} WHERE i.session_id = ?"
+        f" AND i.status = 'running' AND {EFFECTIVE} > ? AND i.id <> ?"
+        " ORDER BY i.created_at, i.id LIMIT 1",
         (session_id, tx.now(), invocation_id),
     )
     if rows:
@@ -110,8 +111,8 @@ def delete_session(tx: Tx, session_id: str) -> bool:
     if not rows:
         return False
     running = tx.rows(
-        "SELECT id FROM invocations WHERE session_id = ? AND status = 'running'"
-        " AND lease_expires_at > ? ORDER BY created_at, id LIMIT 1",
+        f"SELECT i.id FROM invocations i {COVER} WHERE i.session_id = ?"
+        f" AND i.status = 'running' AND {EFFECTIVE} > ? ORDER BY i.created_at, i.id LIMIT 1",
         (session_id, tx.now()),
     )
     if running:

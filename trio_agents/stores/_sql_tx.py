@@ -4,9 +4,18 @@ adapters implement it: ``sqlite._Tx``, ``_pg_tx``)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
-__all__ = ["Tx"]
+__all__ = ["COVER", "EFFECTIVE", "Tx"]
+
+COVER: Final = (
+    "LEFT JOIN owners o ON o.owner = i.owner AND o.gen = i.owner_gen AND i.status = 'running'"
+)
+"""Joins a running invocation row ``i`` to the owner row ``o`` that covers it, if any."""
+EFFECTIVE: Final = (
+    "CASE WHEN o.expires_at > i.lease_expires_at THEN o.expires_at ELSE i.lease_expires_at END"
+)
+"""A row's effective lease expiry, with :data:`COVER` joined (see "Owners" in :mod:`._base`)."""
 
 
 class Tx(Protocol):
@@ -32,6 +41,10 @@ class Tx(Protocol):
     modifying_with: bool
     """Whether a ``WITH`` clause may hold an ``UPDATE`` (PostgreSQL), so one statement can
     change a row and insert what it returned."""
+
+    lateral: bool
+    """Whether a ``JOIN LATERAL`` runs (PostgreSQL): a subquery per row of the outer table,
+    so a join probes an index once per outer row whatever the planner estimates."""
 
     began: float
     """``time.monotonic()`` in this process at or before the moment :meth:`now` reads the

@@ -77,7 +77,9 @@ class MemoryStore(MemoryBatches):
 
     def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
-        self._records: dict[str, InvocationRecord] = {}
+        self._records: dict[str, InvocationRecord] = {}  # each with its own lease expiry
+        self._owners: dict[str, tuple[float, int]] = {}  # owner -> (expires_at, gen)
+        self._gens: dict[str, int] = {}  # invocation -> the owner generation stamped on it
         self._journals: dict[str, list[Event]] = {}  # durable events only
         self._events: dict[str, list[Event]] = {}  # every event, in id order
         self._by_session: dict[str, list[str]] = {}  # session id -> its invocations
@@ -109,10 +111,32 @@ class MemoryStore(MemoryBatches):
         except KeyError:
             raise InvocationNotFound(f"no invocation with id {invocation_id!r}") from None
 
+    def _expiry(self, record: InvocationRecord) -> float:
+        """The effective lease expiry of ``record`` (see "Owners" in :mod:`._base`)."""
+        owned = self._owners.get(record.owner or "") if record.status == "running" else None
+        if owned is None or owned[1] != self._gens.get(record.id, 0):
+            return record.lease_expires_at
+        return max(record.lease_expires_at, owned[0])
+
+    def _read(self, record: InvocationRecord) -> InvocationRecord:
+        """``record`` as read: with its effective lease expiry."""
+        expiry = self._expiry(record)
+        if expiry == record.lease_expires_at:
+            return record
+        return attrs.evolve(record, lease_expires_at=expiry)
+
+    def _cover(self, owner: str, now: float) -> int:
+        """As ``_sql.cover``: the generation to stamp on a row ``owner`` takes now."""
+        owned = self._owners.get(owner)
+        if owned is None:
+            self._owners[owner] = (0.0, 1)
+            return 0
+        return owned[1] if owned[0] > now else 0
+
     def _busy_check(self, session_id: str, invocation_id: str, now: float) -> None:
         for other in self._by_session.get(session_id, ()):
             r = self._records[other]
-            if other != invocation_id and r.status == "running" and r.lease_expires_at > now:
+            if other != invocation_id and r.status == "running" and self._expiry(r) > now:
                 raise session_busy(session_id, other)
 
     def _ensure_session(self, session_id: str, user_id: str | None, now: float) -> Session:
@@ -159,6 +183,7 @@ class MemoryStore(MemoryBatches):
             epoch=1,
             expires_at=now + ttl,
             counted_from=counted_from,
+            owner_gen=self._cover(record.owner, now),
         )
         write = JournalWrite(lease=lease, events=tuple(events), session_entry=session_entry)
         apply = self._check(write, stored, now)  # raises before anything changes
@@ -171,6 +196,7 @@ class MemoryStore(MemoryBatches):
             self._ensure_session(record.session_id, record.user_id, now)
             self._by_session.setdefault(record.session_id, []).append(record.id)
         self._records[record.id] = stored
+        self._gens[record.id] = lease.owner_gen
         self._journals[record.id] = []
         self._events[record.id] = []
         apply()
@@ -180,7 +206,7 @@ class MemoryStore(MemoryBatches):
 
     async def get_invocation(self, invocation_id: str) -> InvocationRecord:
         await trio.lowlevel.checkpoint()
-        return self._get(invocation_id)
+        return self._read(self._get(invocation_id))
 
     async def list_invocations(
         self,
@@ -193,7 +219,7 @@ class MemoryStore(MemoryBatches):
         if limit < 0:
             raise UsageError(f"limit must be >= 0, got {limit}")
         records = [
-            r
+            self._read(r)
             for r in self._records.values()
             if (status is None or r.status == status)
             and (session_id is None or r.session_id == session_id)
@@ -207,9 +233,9 @@ class MemoryStore(MemoryBatches):
         now = self._clock()
         names = set(agents)
         found = [
-            r
+            self._read(r)
             for r in self._records.values()
-            if r.status == "running" and r.lease_expires_at <= now and r.agent in names
+            if r.status == "running" and self._expiry(r) <= now and r.agent in names
         ]
         if found and self._batches:
             jobs = {j.invocation_id for b in self._batches.values() for j in b.jobs.values()}
@@ -232,14 +258,22 @@ class MemoryStore(MemoryBatches):
         now = self._clock()
         if expect_epoch is not None:
             check_orphan(record, expect_epoch)
-        if record.status == "running" and record.owner != owner and record.lease_expires_at > now:
-            raise lease_held(invocation_id, record.owner, record.lease_expires_at, now)
+        expires_at = self._expiry(record)
+        if record.status == "running" and record.owner != owner and expires_at > now:
+            raise lease_held(invocation_id, record.owner, expires_at, now)
         if record.status == "completed":  # checked here, under the lock: a race cannot revive it
             raise UsageError(f"invocation {invocation_id!r} completed already; nothing to resume")
         if record.session_id is not None:
             if exclusive_session:
                 self._busy_check(record.session_id, invocation_id, now)
             self._ensure_session(record.session_id, record.user_id, now)
+        owned = self._owners.get(record.owner or "")
+        if record.status == "running" and owned and owned[1] == self._gens.get(invocation_id):
+            # Its owner's row covered it: a new generation, so the old owner's next round
+            # runs row by row and is fenced out (as _sql._uncover).
+            self._owners[record.owner or ""] = (owned[0], owned[1] + 1)
+        gen = self._cover(owner, now)
+        self._gens[invocation_id] = gen
         epoch = record.lease_epoch + 1
         self._records[invocation_id] = attrs.evolve(
             record,
@@ -255,6 +289,7 @@ class MemoryStore(MemoryBatches):
             epoch=epoch,
             expires_at=now + ttl,
             counted_from=counted_from,
+            owner_gen=gen,
         )
 
     def _check_fence(self, lease: Lease) -> InvocationRecord:
@@ -276,8 +311,26 @@ class MemoryStore(MemoryBatches):
     ) -> list[Lease | LeaseError]:
         await trio.lowlevel.checkpoint()
         counted_from = time.monotonic()
-        expires_at = self._clock() + ttl
+        now = self._clock()
+        expires_at = now + ttl
+        if not leases:
+            return []
+        owner, gen = leases[0].owner, leases[0].owner_gen
+        owned = self._owners.get(owner)
+        if (
+            gen
+            and owned is not None
+            and owned[1] == gen
+            and owned[0] > now
+            and all(lease.owner == owner and lease.owner_gen == gen for lease in leases)
+        ):  # the fast path: the owner's row alone (see _sql.renew_leases)
+            self._owners[owner] = (max(owned[0], expires_at), gen)
+            return [
+                attrs.evolve(lease, expires_at=expires_at, counted_from=counted_from)
+                for lease in leases
+            ]
         results: list[Lease | LeaseError] = []
+        gens: dict[str, int] = {}
         for lease in leases:
             record = self._records.get(lease.invocation_id)
             if record is None:
@@ -287,11 +340,26 @@ class MemoryStore(MemoryBatches):
             elif record.lease_epoch != lease.epoch or record.owner != lease.owner:
                 results.append(lease_taken(lease, record.owner, record.lease_epoch))
             else:
+                if lease.owner not in gens:  # revived: a new generation if it had lapsed
+                    was = self._owners.get(lease.owner)
+                    if was is None:
+                        self._owners[lease.owner] = (expires_at, 1)
+                    elif was[0] > now:
+                        self._owners[lease.owner] = (max(was[0], expires_at), was[1])
+                    else:
+                        self._owners[lease.owner] = (expires_at, was[1] + 1)
+                    gens[lease.owner] = self._owners[lease.owner][1]
                 self._records[lease.invocation_id] = attrs.evolve(
                     record, lease_expires_at=expires_at
                 )
+                self._gens[lease.invocation_id] = gens[lease.owner]
                 results.append(
-                    attrs.evolve(lease, expires_at=expires_at, counted_from=counted_from)
+                    attrs.evolve(
+                        lease,
+                        expires_at=expires_at,
+                        counted_from=counted_from,
+                        owner_gen=gens[lease.owner],
+                    )
                 )
         return results
 
@@ -649,7 +717,7 @@ class MemoryStore(MemoryBatches):
         now = self._clock()
         for other in self._by_session.get(session_id, ()):
             r = self._records[other]
-            if r.status == "running" and r.lease_expires_at > now:
+            if r.status == "running" and self._expiry(r) > now:
                 raise delete_busy(session_id, other)
         del self._sessions[session_id]
         return True

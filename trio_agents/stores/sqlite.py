@@ -141,6 +141,7 @@ class _Tx:
     for_key_share = ""
     code_order = ""  # BINARY: UTF-8 bytes, code point order
     modifying_with = False
+    lateral = False
 
     def __init__(self, conn: sqlite3.Connection, clock: Callable[[], float]) -> None:
         self.began = time.monotonic()

@@ -1,0 +1,231 @@
+"""One lease row per owner: a live owner's renewal round moves its own row, not its invocations'.
+
+See "Owners" in :mod:`trio_agents.stores._base`.  Every store (the ``case`` fixture: memory,
+SQLite file, real PostgreSQL), store clocks moved by hand; the race of a takeover and a renewal
+at the expiry instant on real PostgreSQL with two stores (two pools: two processes).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+import trio
+
+from trio_agents import LeaseError, SessionBusy
+from trio_agents.stores import InvocationRecord, Lease, MemoryStore, PostgresStore
+
+from .conftest import StoreCase
+
+TTL = 30.0
+
+
+def record(invocation_id: str, owner: str = "a", **fields: Any) -> InvocationRecord:
+    return InvocationRecord(id=invocation_id, agent="ops", input="go", owner=owner, **fields)
+
+
+async def renewed(case: StoreCase, leases: list[Lease]) -> list[Lease]:
+    results = await case.store.renew_leases(leases, ttl=TTL)
+    assert all(isinstance(r, Lease) for r in results), results
+    return [r for r in results if isinstance(r, Lease)]
+
+
+async def rows(case: StoreCase) -> dict[str, Any]:
+    """What each invocation row holds, as stored (not as read): its own lease expiry and
+    ``updated_at`` (memory: the stored record itself), and PostgreSQL's ``xmin`` (the
+    transaction that last wrote the row)."""
+    if isinstance(case.store, MemoryStore):
+        return dict(case.store._records)
+    extra = ", xmin::text" if case.kind == "postgres" else ""
+    found = await case.raw(f"SELECT id, lease_expires_at, updated_at{extra} FROM invocations")
+    return {row[0]: row[1:] for row in found}
+
+
+async def start(case: StoreCase, ids: list[str], owner: str = "a") -> list[Lease]:
+    return [await case.store.create_invocation(record(i, owner), ttl=TTL) for i in ids]
+
+
+async def test_a_live_owners_round_touches_no_invocation_row(case: StoreCase) -> None:
+    """The first round stamps the owner's generation on its rows (row by row); every round
+    after it, while the owner lives, moves the owner's row alone: the invocation rows stay as
+    they were, yet each reads with the renewed expiry and none can be taken over."""
+    ids = [f"i{k}" for k in range(20)]
+    first = await renewed(case, await start(case, ids))
+    assert {lease.owner_gen for lease in first} == {2}  # entered lapsed (1), revived
+    before = await rows(case)
+    leases = first
+    for _ in range(3):
+        case.clock.advance(TTL / 3)
+        leases = await renewed(case, leases)
+    assert await rows(case) == before, "a round of a live owner wrote invocation rows"
+    assert [lease.expires_at for lease in leases] == [case.clock.now + TTL] * len(ids)
+    for lease in leases:
+        got = await case.store.get_invocation(lease.invocation_id)
+        assert got.lease_expires_at == case.clock.now + TTL
+    listed = await case.store.list_invocations(status="running")
+    assert {r.lease_expires_at for r in listed} == {case.clock.now + TTL}
+    # Their own rows expired long ago; the owner's row covers them.
+    case.clock.advance(TTL - 1)
+    assert await case.store.orphans(["ops"]) == []
+    with pytest.raises(LeaseError, match=r"owned by 'a' for another 1\.0s"):
+        await case.store.acquire_lease("i3", owner="b", ttl=TTL)
+    case.clock.advance(1)
+    assert [r.id for r in await case.store.orphans(["ops"], limit=5)] == sorted(ids)[:5]
+
+
+async def test_a_slow_owner_is_fenced_out_of_what_was_taken_and_keeps_the_rest(
+    case: StoreCase,
+) -> None:
+    """The owner's row lapses; another owner takes one invocation over.  The old owner's next
+    round runs row by row: a LeaseError for that one, the others renewed under a new
+    generation, and its writes to the taken one are refused."""
+    leases = await renewed(case, await start(case, ["x", "y", "z"]))
+    case.clock.advance(TTL + 1)
+    assert [r.id for r in await case.store.orphans(["ops"])] == ["x", "y", "z"]
+    taken = await case.store.acquire_lease("y", owner="b", ttl=TTL, expect_epoch=1)
+    assert taken.epoch == 2
+    results = await case.store.renew_leases(leases, ttl=TTL)
+    assert isinstance(results[1], LeaseError)
+    assert "taken over by 'b'" in str(results[1])
+    kept = [r for r in results if isinstance(r, Lease)]
+    assert [r.invocation_id for r in kept] == ["x", "z"]
+    assert {r.owner_gen for r in kept} == {4}  # 2, bumped by the takeover, revived
+    with pytest.raises(LeaseError):
+        await case.store.renew_lease(leases[1], ttl=TTL)
+    # Live again: the next round is the owner's row alone, and fences nobody.
+    case.clock.advance(5)
+    assert [r.expires_at for r in await renewed(case, kept)] == [case.clock.now + TTL] * 2
+    assert await case.store.orphans(["ops"]) == []
+
+
+async def test_a_takeover_of_a_covered_invocation_sends_its_owner_row_by_row(
+    case: StoreCase,
+) -> None:
+    """An owner takes its own running invocation again (a new epoch) while its row is live:
+    the generation moves on, so a round with the old lease is fenced row by row instead of
+    renewed on the owner's row."""
+    leases = await renewed(case, await start(case, ["x", "y"]))
+    again = await case.store.acquire_lease("x", owner="a", ttl=TTL)
+    results = await case.store.renew_leases(leases, ttl=TTL)
+    assert isinstance(results[0], LeaseError)
+    assert isinstance(results[1], Lease)
+    assert again.epoch == 2
+
+
+async def test_an_invocation_its_owner_stopped_renewing_is_an_orphan_after_a_lapse(
+    case: StoreCase,
+) -> None:
+    """The owner stops renewing ``x`` (its ending could not be stored) and its row lapses;
+    when the owner comes back (a round of the others, or a start), its row gets a new
+    generation: ``x`` is not covered again, and is an orphan once its own lease lapsed."""
+    leases = await renewed(case, await start(case, ["x", "y"]))
+    case.clock.advance(TTL + 1)
+    await renewed(case, leases[1:])  # the owner is back; x is not in its round
+    await start(case, ["w"])  # a start of the owner's does not cover x again either
+    assert [r.id for r in await case.store.orphans(["ops"])] == ["x"]
+    got = await case.store.get_invocation("x")
+    assert got.lease_expires_at < case.clock.now
+    assert (await case.store.acquire_lease("x", owner="b", ttl=TTL, expect_epoch=1)).epoch == 2
+
+
+async def test_a_session_is_busy_while_its_owner_lives(case: StoreCase) -> None:
+    """The session-busy check reads the effective expiry: an invocation whose own row
+    lapsed long ago, covered by its live owner, keeps its session busy."""
+    lease = await case.store.create_invocation(record("x", session_id="s"), ttl=TTL)
+    [lease] = await renewed(case, [lease])
+    for _ in range(6):
+        case.clock.advance(TTL / 2)
+        [lease] = await renewed(case, [lease])
+    with pytest.raises(SessionBusy):
+        await case.store.create_invocation(record("z", owner="b", session_id="s"), ttl=TTL)
+    case.clock.advance(TTL + 1)
+    await case.store.create_invocation(record("z", owner="b", session_id="s"), ttl=TTL)
+
+
+async def test_a_start_before_its_owners_first_round_keeps_its_own_lease(
+    case: StoreCase,
+) -> None:
+    """An owner that never renewed has a lapsed row (entered by its first start, so the
+    orphan query finds what it ran): its invocation keeps its own expiry, an orphan once
+    that lapsed - as a row that ran before owners had rows (an upgraded database) does."""
+    [lease] = await start(case, ["x"], owner="old")
+    assert lease.owner_gen == 0
+    case.clock.advance(TTL - 1)
+    assert await case.store.orphans(["ops"]) == []
+    case.clock.advance(1)
+    assert [r.id for r in await case.store.orphans(["ops"])] == ["x"]
+    [back] = await renewed(case, [lease])  # row by row: it was still x's owner
+    assert back.owner_gen == 2
+    assert await case.store.orphans(["ops"]) == []
+
+
+# ---- PostgreSQL: a renewal and a takeover at the expiry instant -------------------------------
+
+ROUNDS = 40
+
+
+async def race(
+    a: PostgresStore, b: PostgresStore, leases: list[Any], invocation_id: str, rnd: random.Random
+) -> dict[str, Any]:
+    """``a`` renews ``leases`` while ``b`` takes ``invocation_id`` over, each after a random
+    pause of a few milliseconds; what each got."""
+    got: dict[str, Any] = {}
+
+    async def renew() -> None:
+        await trio.sleep(rnd.uniform(0, 0.004))
+        got["renew"] = await a.renew_leases(leases, ttl=TTL)
+
+    async def take() -> None:
+        await trio.sleep(rnd.uniform(0, 0.004))
+        try:
+            got["take"] = await b.acquire_lease(invocation_id, owner="b", ttl=TTL, expect_epoch=1)
+        except LeaseError as exc:
+            got["take"] = exc
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(renew)
+            nursery.start_soon(take)
+    return got
+
+
+@pytest.mark.postgres
+async def test_a_takeover_racing_a_renewal_at_the_expiry_instant_never_makes_two_holders(
+    postgres_url: str, postgres_schema: str
+) -> None:
+    """Store ``a`` (the owner) renews a just-before-expiry round while store ``b`` takes one
+    of its invocations over just after, on separate connections, in random order and with
+    random clocks either side of the owner's expiry: never both (a renewal that read its
+    clock first and committed second would otherwise renew a run ``b`` holds).  Exactly
+    one wins each round, and the loser's answer is a LeaseError."""
+    rnd = random.Random()
+    clock_a, clock_b = [1_700_000_000.0], [1_700_000_000.0]
+    async with (
+        PostgresStore(postgres_url, schema=postgres_schema, clock=lambda: clock_a[0]) as a,
+        PostgresStore(postgres_url, schema=postgres_schema, clock=lambda: clock_b[0]) as b,
+    ):
+        for k in range(ROUNDS):
+            base = 1_700_000_000.0 + k * 1000
+            clock_a[0] = clock_b[0] = base
+            others = [f"r{k}-{j}" for j in range(3)]
+            created = [
+                await a.create_invocation(record(i, owner=f"a{k}"), ttl=TTL)
+                for i in [f"r{k}-x", *others]
+            ]
+            stamped = await a.renew_leases(created, ttl=TTL)
+            assert all(isinstance(r, Lease) and r.owner_gen for r in stamped)
+            expiry = base + TTL
+            clock_a[0] = expiry - rnd.uniform(0, 0.01)
+            clock_b[0] = expiry + rnd.uniform(0, 0.01)
+            got = await race(a, b, stamped, f"r{k}-x", rnd)
+            renewed_x = isinstance(got["renew"][0], Lease)
+            took = isinstance(got["take"], Lease)
+            assert renewed_x != took, (k, got)
+            assert all(isinstance(r, Lease) for r in got["renew"][1:])
+            # And the store agrees with the winner.
+            [(owner,)] = await a._execute(
+                ("SELECT owner FROM invocations WHERE id = ?", (f"r{k}-x",))
+            )
+            assert owner == ("b" if took else f"a{k}")
+        assert a.reruns + b.reruns == 0
