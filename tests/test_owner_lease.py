@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import trio
 
-from trio_agents import LeaseError, SessionBusy
+from trio_agents import Agent, LeaseError, Runner, SessionBusy, StoreUnavailableError
+from trio_agents.models import ScriptedModel, ScriptedTurn
 from trio_agents.stores import InvocationRecord, Lease, MemoryStore, PostgresStore
 
 from .conftest import StoreCase
@@ -229,3 +230,73 @@ async def test_a_takeover_racing_a_renewal_at_the_expiry_instant_never_makes_two
             )
             assert owner == ("b" if took else f"a{k}")
         assert a.reruns + b.reruns == 0
+
+
+async def test_a_released_lease_is_an_orphan_at_once_while_its_owner_lives(
+    case: StoreCase,
+) -> None:
+    """``release_lease``: the invocation is no longer covered by its (live) owner's row and
+    its own expiry is now; a stale lease, or an ended invocation's, changes nothing."""
+    first = await renewed(case, await start(case, ["i1", "i2"]))
+    case.clock.advance(TTL / 3)
+    leases = await renewed(case, first)  # the owner lives, covering both
+    assert await case.store.orphans(["ops"]) == []
+    assert await case.store.release_lease(leases[0]) is True
+    assert [r.id for r in await case.store.orphans(["ops"])] == ["i1"]
+    assert (await case.store.get_invocation("i2")).lease_expires_at == case.clock.now + TTL
+    taken = await case.store.acquire_lease("i1", owner="b", ttl=TTL)
+    assert taken.epoch == leases[0].epoch + 1
+    assert await case.store.release_lease(leases[0]) is False  # stale: b holds it now
+    assert (await case.store.get_invocation("i1")).owner == "b"
+    assert await case.store.orphans(["ops"]) == []
+
+
+class FailEndingOf:
+    """A store whose write of ``invocation_id``'s terminal event fails (the store was away)."""
+
+    def __init__(self, inner: Any, invocation_id: str) -> None:
+        self._inner = inner
+        self.invocation_id = invocation_id
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def commit(self, writes: Any) -> list[Any]:
+        from trio_agents.events import InvocationEnded
+        from trio_agents.stores._base import JournalWrite
+
+        ending = [
+            w
+            for w in writes
+            if isinstance(w, JournalWrite)
+            and w.lease.invocation_id == self.invocation_id
+            and any(isinstance(e, InvocationEnded) for e in w.events)
+        ]
+        if ending:
+            return [StoreUnavailableError("the store went away") for _ in writes]
+        result: list[Any] = await self._inner.commit(writes)
+        return result
+
+
+async def test_an_invocation_dropped_unended_is_given_back_while_its_runner_lives(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """An invocation whose ending cannot be stored is dropped by its runner; the runner lives
+    on (another invocation runs) and its owner row would cover the dropped one for good.  The
+    next renewal round gives its lease back: an orphan, for any recovering runner."""
+    inner = MemoryStore(clock=trio.current_time)
+    store = FailEndingOf(inner, "quick")
+    slow = Agent(name="ops", model=ScriptedModel([ScriptedTurn.text("x" * 40, pieces=40, delay=5)]))
+    quick = Agent(name="ops", model=ScriptedModel(["done"]))
+    async with Runner(store=store, lease_ttl=TTL) as runner:
+        long = await runner.start(slow, "go")
+        await trio.sleep(TTL / 3 + 1)  # the owner's first round: its row now covers starts
+        dropped = await runner.start(quick, "go", invocation_id="quick")
+        outcome = await dropped.wait()
+        assert outcome.checkpoint_id is None  # its ending was not stored
+        assert (await inner.get_invocation("quick")).status == "running"
+        await trio.sleep(TTL / 3 + 1)  # a round
+        assert [r.id for r in await inner.orphans(["ops"])] == ["quick"]
+        assert (await inner.get_invocation(long.id)).lease_expires_at > trio.current_time()
+        long.cancel()
+        await long.wait()

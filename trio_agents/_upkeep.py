@@ -64,7 +64,10 @@ class Stoppable(Protocol):
 
 
 async def renew_leases(
-    store: Store, holders: Callable[[], Iterable[Leaseholder]], lease_ttl: float
+    store: Store,
+    holders: Callable[[], Iterable[Leaseholder]],
+    lease_ttl: float,
+    dropped: list[Lease] | None = None,
 ) -> None:
     """Renew the leases of all running invocations and open turn loops (``holders()``), in
     one store call, every third of ``lease_ttl``.  A lease that cannot be renewed ends its
@@ -86,6 +89,11 @@ async def renew_leases(
 
     Each round that renews something is counted in :data:`._statistics.LEASE_ROUNDS` (late
     rounds, missed rounds).
+
+    ``dropped``: leases of invocations that ended here without their ending stored (the store
+    was down).  Their owner's row would go on covering them while this runner lives, so each
+    round first gives them back (:meth:`Store.release_lease`: an orphan at once, for any
+    recovering runner); one the store cannot take yet is tried again next round.
     """
     period = lease_ttl / 3
     late_after = period / 3
@@ -97,6 +105,8 @@ async def renew_leases(
         await trio.sleep_until(planned)
         sent_at = trio.current_time()
         next_round = sent_at + period
+        if dropped:
+            await _give_back(store, dropped)
         held = [
             (inv, lease)
             for inv in holders()
@@ -129,6 +139,16 @@ async def renew_leases(
                 inv._lease_lost(f"lease lost: {result}")
             else:
                 inv._lease_renewed(result, sent_at)
+
+
+async def _give_back(store: Store, dropped: list[Lease]) -> None:
+    for lease in list(dropped):
+        try:
+            await store.release_lease(lease)
+        except StoreError as exc:  # try again next round
+            logger.warning("could not give back the lease of %s: %s", lease.invocation_id, exc)
+            return
+        dropped.remove(lease)
 
 
 async def watch_requests(

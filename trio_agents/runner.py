@@ -97,7 +97,7 @@ from .batch import Batch, open_batch, serve_batches
 from .events import CancelMode, EventId, check_cancel_mode
 from .hooks import HookSet
 from .models._base import Model
-from .stores._base import InvocationRecord, JournalWrite, Store
+from .stores._base import InvocationRecord, JournalWrite, Lease, Store
 from .stores._batches import BatchRecord, JobStatus
 from .stores._open import open_store
 from .tools import Toolset
@@ -215,6 +215,7 @@ class Runner(InvocationControl):
         self.log_limit = log_limit
         self._hooks = HookSet.of(hooks, timeout=hook_timeout)
         self._active: dict[str, Invocation] = {}
+        self._dropped: list[Lease] = []  # leases of invocations dropped unended (_forget)
         self._watchlist = Watchlist()  # of _active: what the watcher's changes may still change
         self._waves = CancelWaves(CANCEL_WAVE, self._watchlist)  # cancel_all of many, in waves
         self._loops: dict[str, TurnLoop] = {}  # the turn loops open here, by loop id
@@ -269,7 +270,9 @@ class Runner(InvocationControl):
             writer_scope = await system.start(writer.serve)
             closer_scope = await system.start(closer.serve)
             await system.start(self._waves.serve)
-            system.start_soon(renew_leases, store, self._leaseholders, self.lease_ttl)
+            system.start_soon(
+                renew_leases, store, self._leaseholders, self.lease_ttl, self._dropped
+            )
             # Started (listening, its cursor at the feed's head) before any invocation can be.
             await system.start(
                 watch_requests,
@@ -453,6 +456,11 @@ class Runner(InvocationControl):
     def _forget(self, inv: Invocation) -> None:
         if self._active.get(inv.id) is inv:
             del self._active[inv.id]
+            outcome, lease = inv._outcome, inv.recorder.lease
+            if outcome is not None and outcome.checkpoint_id is None and lease is not None:
+                # Its ending could not be stored: give its lease back (see _upkeep), or this
+                # runner's owner row would cover it, still running, for as long as it lives.
+                self._dropped.append(lease)
             self._watchlist.forget(inv.id)
             self._waves.ended(inv)
             if self._limiter is not None:

@@ -35,26 +35,28 @@ must be greater than the head, so ids are strictly increasing over the invocatio
 invocations, several for one - in one transaction.  Each write is fenced and checked on its
 own: a rejected write changes nothing and its error comes back in its slot; the others commit.
 
-**Owners.**  A running invocation's lease lasts while its owner lives: each store keeps one
-row per owner (``owners``: its expiry and a generation, ``gen``), and an invocation row
-stamped with its owner's current generation is covered by it.  Its *effective* expiry - what
+**Owners.**  A running invocation's lease lasts while its owner lives: each store keeps one row
+per owner (``owners``: its expiry and a generation, ``gen``), and an invocation row stamped
+with its owner's current generation is covered by it.  Its *effective* expiry - what
 :attr:`InvocationRecord.lease_expires_at` reports, what a takeover, :meth:`Store.orphans` and
 the session-busy checks compare - is the later of its own row's expiry (set when the lease is
 taken) and, while the stamp is current, its owner's.  A renewal round of a live owner
-(:meth:`Store.renew_leases`) then moves the owner's row alone, one row however many
-invocations it holds; it touches no invocation row.  The generation grows whenever a
-covered row may have changed hands behind the owner: a takeover of a covered invocation bumps
-it, and so does reviving a lapsed owner; a row stamped with an older generation is no longer
-covered (its own expiry counts), so an invocation its owner stopped renewing before a lapse
-becomes an orphan as before, even though its owner came back.  A :class:`Lease` carries the
-generation it was renewed under (:attr:`Lease.owner_gen`): the owner's row renews it only
-while that generation is current.  A start or a takeover stamps the owner's generation
-if its row is live and writes no owner row (starts do not queue on it); else the invocation
-keeps its own expiry until the owner's next round revives the row (row by row, once).
-Owner rows are never deleted (one per runner that ever held a lease, a few dozen bytes): a
-generation is never reused, and :meth:`Store.orphans` reads them all (one index probe each).
-An owner name belongs to one live runner at a time (the default is unique per runner): a
-round of one runner renews the owner's row for every invocation stamped under it.
+(:meth:`Store.renew_leases`) then moves the owner's row alone, one row however many invocations
+it holds; it touches no invocation row.  The generation grows whenever a covered row may have
+changed hands behind the owner: a takeover of a covered invocation bumps it, and so does
+reviving a lapsed owner; a row stamped with an older generation is no longer covered (its own
+expiry counts), so an invocation its owner stopped renewing before a lapse becomes an orphan as
+before, even though its owner came back.  An invocation its live owner dropped without an
+ending (the store could not take it) is given back by the owner's next round
+(:meth:`Store.release_lease`): it is not left covered for as long as its owner lives.  A
+:class:`Lease` carries the generation it was renewed under (:attr:`Lease.owner_gen`): the
+owner's row renews it only while that generation is current.  A start or a takeover stamps the
+owner's generation if its row is live and writes no owner row (starts do not queue on it); else
+the invocation keeps its own expiry until the owner's next round revives the row (row by row,
+once).  Owner rows are never deleted (one per runner that ever held a lease, a few dozen
+bytes): a generation is never reused, and :meth:`Store.orphans` reads them all (one index probe
+each).  An owner name belongs to one live runner at a time (the default is unique per runner):
+a round of one runner renews the owner's row for every invocation stamped under it.
 
 **Sessions.**  At most one invocation of a session runs at a time unless asked otherwise
 (``exclusive_session=False``): :meth:`Store.create_invocation` and :meth:`Store.acquire_lease`
@@ -493,6 +495,15 @@ class Store(BatchStore, Protocol):
         generation, several owners) each lease is fenced on its own, the rows still held are
         renewed, and the owner's row is revived (a new generation if it had lapsed) and
         stamped on them.
+        """
+        ...
+
+    async def release_lease(self, lease: Lease) -> bool:
+        """Give ``lease`` up without an ending: its owner dropped the invocation (its ending
+        could not be stored).  The invocation stays ``running`` but is no longer covered by its
+        owner's row, and its own expiry is now: an orphan at once, for any recovering runner,
+        although its owner lives.  Fenced: ``False`` (and nothing changes) if the lease is not
+        the invocation's current one or it is not running.
         """
         ...
 

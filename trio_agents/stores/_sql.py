@@ -593,6 +593,17 @@ def renew_lease(tx: Tx, lease: Lease, ttl: float) -> Lease:
     )
 
 
+def release_lease(tx: Tx, lease: Lease) -> bool:
+    """Uncover ``lease``'s invocation and let its lease lapse now (see
+    :meth:`Store.release_lease`): one fenced ``UPDATE`` of the invocation row."""
+    changed = tx.run(
+        "UPDATE invocations SET owner_gen = 0, lease_expires_at = ?"
+        " WHERE id = ? AND owner = ? AND lease_epoch = ? AND status = 'running'",
+        (tx.now(), lease.invocation_id, lease.owner, lease.epoch),
+    )
+    return changed > 0
+
+
 def renew_leases(tx: Tx, leases: Sequence[Lease], ttl: float) -> list[Lease | LeaseError]:
     """The fast path (one owner, one current generation, its row live: one ``UPDATE`` of
     the owner's row), else row by row (see :meth:`Store.renew_leases`)."""

@@ -306,6 +306,19 @@ class MemoryStore(MemoryBatches):
         self._records[lease.invocation_id] = attrs.evolve(record, lease_expires_at=now + ttl)
         return attrs.evolve(lease, expires_at=now + ttl, counted_from=counted_from)
 
+    async def release_lease(self, lease: Lease) -> bool:
+        await trio.lowlevel.checkpoint()
+        record = self._records.get(lease.invocation_id)
+        if (
+            record is None
+            or record.status != "running"
+            or (record.owner, record.lease_epoch) != (lease.owner, lease.epoch)
+        ):
+            return False
+        self._gens[lease.invocation_id] = 0  # owners' generations start at 1: uncovered
+        self._records[lease.invocation_id] = attrs.evolve(record, lease_expires_at=self._clock())
+        return True
+
     async def renew_leases(
         self, leases: Sequence[Lease], *, ttl: float
     ) -> list[Lease | LeaseError]:

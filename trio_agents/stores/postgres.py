@@ -531,6 +531,9 @@ class PostgresStore(SQLBatches):
     ) -> list[Lease | LeaseError]:
         return await self._run(partial(_sql.renew_leases, leases=list(leases), ttl=ttl))
 
+    async def release_lease(self, lease: Lease) -> bool:
+        return await self._run(partial(_sql.release_lease, lease=lease))
+
     async def commit(self, writes: Sequence[JournalWrite]) -> list[CommitResult]:
         try:
             return await self._run(partial(_sql_journal.commit, writes=list(writes)))

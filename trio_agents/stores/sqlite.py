@@ -590,6 +590,9 @@ class SQLiteStore(SQLBatches):
             rows=len(leases),
         )
 
+    async def release_lease(self, lease: Lease) -> bool:
+        return await self._run(partial(_sql.release_lease, lease=lease), write=True)
+
     async def commit(self, writes: Sequence[JournalWrite]) -> list[CommitResult]:
         try:
             return await self._run(
