@@ -4,7 +4,8 @@
 // GET .../sessions/{id}/invocations (a session's invocations with their stored events);
 // POST /run_sse (start and stream); GET /invocations/{id}/events (reattach, Last-Event-ID);
 // GET /invocations/{id}; POST /invocations/{id}:cancel and :resume;
-// GET/POST /invocations/{id}/approvals[/{approval_id}].
+// GET/POST /invocations/{id}/approvals[/{approval_id}].  live.js (the live mode of a LiveAgent's
+// app) adds GET ui/live-apps and WS /run_live.
 //
 // Live or reopened, a session looks the same: every invocation is drawn from its events by
 // one function (apply), from the stream while it runs and from the store's frames when the
@@ -440,6 +441,7 @@ async function connect() {
 
 async function loadSessions(select) {
   const list = $("session-list");
+  window.taLive?.appShown(ui.app); // live.js: a LiveAgent's app gets the live bar
   if (!ui.app) {
     list.replaceChildren();
     return showSession(null);
@@ -482,6 +484,7 @@ function markActive() {
 }
 
 function showSession(id) {
+  window.taLive?.sessionShown(id);
   stopFollowing();
   ui.session = id;
   ui.cur = null;
@@ -1304,7 +1307,8 @@ document.addEventListener("DOMContentLoaded", () => {
   $("composer").addEventListener("submit", (e) => {
     e.preventDefault();
     const text = $("message").value.trim();
-    if (text && ui.app && !link.down) send(text); // Enter, while Send waits for the server
+    if (text && window.taLive?.sendText(text)) $("message").value = ""; // live: over its socket
+    else if (text && ui.app && !link.down) send(text); // Enter, while Send waits for the server
   });
   $("message").addEventListener("keydown", (e) => {
     if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
