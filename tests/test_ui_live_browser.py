@@ -341,4 +341,9 @@ def test_voice_detection_barge_in_at_phone_width(
     expect(page.locator("#live-state")).to_have_text("live session ended")
     closed = served.call(lambda: served.vad.wait_closed())
     assert closed.by == "client"
+    # Reopened (a reload), the session is drawn from its journal: the person's words and
+    # only the heard part of the answer.
+    page.reload()
+    expect(page.locator(".bubble.user")).to_have_text(["tell me a story"])
+    expect(page.locator(".bubble.assistant .text")).to_have_text([heard])
     page.context.close()

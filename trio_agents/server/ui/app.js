@@ -718,8 +718,13 @@ function apply(entry, replaying) {
         // the resumed run answers it again, in a block of its own.
         interruptStreaming();
         block(`resumed:${d.seq}`, () => h("div", { class: "divider labelled", text: resumedText(d) }));
+      } else if (d.input === "(live session)") { // a LiveAgent's: its turns are user_turn events
+        block("input", () => h("div", { class: "divider labelled", text: "live session" }));
       } else block("input", () => bubble("user", d.input));
       setRunning(true);
+      break;
+    case "user_turn": // a live session's person (live.js draws them live)
+      block(`user:${d.turn}`, () => bubble("user", d.text));
       break;
     case "turn_finished": {
       const el = turnBlock(d.path, d.turn);
@@ -727,8 +732,9 @@ function apply(entry, replaying) {
       const text = el.querySelector(".text");
       if (d.message.text !== text.textContent) {
         // The turn's text is the truth; streamed deltas that disagree mean events were lost
-        // or doubled on the way (the browser tests fail on this warning).
-        if (text.textContent) console.warn(`turn ${d.turn}: the streamed text differs from the turn's text`);
+        // or doubled on the way (the browser tests fail on this warning).  A live session's
+        // interrupted turn keeps only what was heard: shorter than what streamed, rightly.
+        if (text.textContent && d.finish_reason !== "interrupted") console.warn(`turn ${d.turn}: the streamed text differs from the turn's text`);
         text.textContent = d.message.text;
       }
       for (const call of d.message.tool_calls) if (!el.querySelector(`[data-call="${CSS.escape(call.id)}"]`)) el.append(toolChip(call));
