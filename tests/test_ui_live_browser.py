@@ -78,7 +78,9 @@ async def _serve(ready: queue.Queue[Served | BaseException], stop: trio.Event) -
     # runs far ahead of what was heard.  Voice detection: the person starts talking after
     # 12 chunks of the answer (1.2 s of audio received, sent in 0.6 s).
     async with (
-        open_fake_realtime_server([RealtimeReply(words=STORY)], pace=0.5) as ptt,
+        open_fake_realtime_server(
+            [RealtimeReply(words=STORY), RealtimeReply(words=STORY[:40])], pace=0.5
+        ) as ptt,
         open_fake_realtime_server(
             [RealtimeReply(words=STORY[:30], speech_started_after=12)], pace=0.5
         ) as vad,
@@ -239,7 +241,8 @@ def test_push_to_talk_streams_the_microphone_and_interrupt_truncates_at_the_play
     """Holding Talk streams the microphone as 24 kHz PCM16 (the tone arrives at 440 Hz);
     letting go commits and the model answers; Interrupt mid-answer sends response.cancel,
     then a truncate at the position the page played (far behind what it received), and the
-    transcript keeps only the heard words."""
+    transcript keeps only the heard words.  Pressing Talk over the next answer interrupts
+    it the same way."""
     page = open_page(browser, errors)
     page.goto(f"{served.url}/ui/")
     page.fill("#user", "alice")
@@ -292,6 +295,28 @@ def test_push_to_talk_streams_the_microphone_and_interrupt_truncates_at_the_play
     bubble = page.locator(".bubble.assistant.live").last
     expect(bubble).to_have_attribute("data-status", "interrupted")
     expect(bubble.locator(".meta")).to_contain_text(f"at {end} ms")
+
+    # Talking over the next answer: pressing Talk interrupts it where it is.
+    first_item = page.locator("#live").get_attribute("data-item")
+    talk.hover()
+    page.mouse.down()
+    served.call(lambda: served.ptt.wait_for("input_audio_buffer.append", 16))
+    page.mouse.up()
+    served.call(lambda: served.ptt.wait_for("response.create", 2))
+    page.wait_for_function(
+        "([first]) => { const d = document.getElementById('live').dataset;"
+        " return d.item !== first && Number(d.played) >= 300; }",
+        arg=[first_item],
+    )
+    talk.hover()
+    page.mouse.down()
+    second = served.call(lambda: served.ptt.wait_for("conversation.item.truncate", 2))
+    assert second.data["item_id"] != truncate.data["item_id"]
+    assert second.data["audio_end_ms"] == int(
+        page.locator("#live").get_attribute("data-played") or "-1"
+    )
+    assert served.read(lambda: served.ptt.types()).count("response.cancel") == 2
+    page.mouse.up()
 
     page.click("#live-stop")
     expect(page.locator("#live-state")).to_have_text("live session ended")

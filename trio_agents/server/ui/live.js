@@ -172,6 +172,7 @@ if (typeof registerProcessor === "function") {
     const ms = Math.floor(playedMs(item));
     if (ms === item.reported) return;
     item.reported = ms;
+    el("live").dataset.item = live.current;
     el("live").dataset.played = String(ms);
     send({ type: "played", item_id: live.current, ms });
   }
