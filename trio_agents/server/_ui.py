@@ -5,6 +5,8 @@ page is three hand-written files shipped in the package (``server/ui/``: no buil
 CDN), read once when the app is created.  It builds every API URL relative to its own
 address, so an app mounted under a prefix (``/agents``) serves a working page at
 ``/agents/ui/``.  These routes are not part of the API: ``/openapi.json`` leaves them out.
+``GET /ui/live-apps`` names the apps whose agent is a :class:`~trio_agents.live.LiveAgent`
+(the page offers its live mode for them: ``ui/live.js``).
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ from __future__ import annotations
 from importlib import resources
 
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from ..live import LiveAgent
+from ._app import ServerState
 from ._errors import ApiError
 
 __all__ = ["ui_routes"]
@@ -46,8 +50,8 @@ def _files() -> dict[str, tuple[bytes, str]]:
 
 
 def ui_routes() -> list[BaseRoute]:
-    """``GET /`` (a redirect to the page), ``GET /ui/`` (the page) and ``GET /ui/{name}``
-    (its scripts and styles)."""
+    """``GET /`` (a redirect to the page), ``GET /ui/`` (the page), ``GET /ui/live-apps``
+    and ``GET /ui/{name}`` (its scripts and styles)."""
     files = _files()
 
     async def asset(request: Request) -> Response:
@@ -62,9 +66,16 @@ def ui_routes() -> list[BaseRoute]:
         # whatever prefix the app is mounted at.
         return RedirectResponse("ui/", status_code=307)
 
+    async def live_apps(request: Request) -> Response:
+        state: ServerState = request.app.state.trio_agents
+        state.user(request)
+        names = [name for name, agent in state.agents.items() if isinstance(agent, LiveAgent)]
+        return JSONResponse(sorted(names), headers=_HEADERS)
+
     return [
         Route("/", to_page, methods=["GET"]),
         Route("/ui", to_page, methods=["GET"]),
+        Route("/ui/live-apps", live_apps, methods=["GET"]),
         Route("/ui/", asset, methods=["GET"]),
         Route("/ui/{name}", asset, methods=["GET"]),
     ]

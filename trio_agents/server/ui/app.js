@@ -4,7 +4,8 @@
 // GET .../sessions/{id}/invocations (a session's invocations with their stored events);
 // POST /run_sse (start and stream); GET /invocations/{id}/events (reattach, Last-Event-ID);
 // GET /invocations/{id}; POST /invocations/{id}:cancel and :resume;
-// GET/POST /invocations/{id}/approvals[/{approval_id}].
+// GET/POST /invocations/{id}/approvals[/{approval_id}].  live.js (the live mode of a LiveAgent's
+// app) adds GET ui/live-apps and WS /run_live.
 //
 // Live or reopened, a session looks the same: every invocation is drawn from its events by
 // one function (apply), from the stream while it runs and from the store's frames when the
@@ -440,6 +441,7 @@ async function connect() {
 
 async function loadSessions(select) {
   const list = $("session-list");
+  window.taLive?.appShown(ui.app); // live.js: a LiveAgent's app gets the live bar
   if (!ui.app) {
     list.replaceChildren();
     return showSession(null);
@@ -482,6 +484,7 @@ function markActive() {
 }
 
 function showSession(id) {
+  window.taLive?.sessionShown(id);
   stopFollowing();
   ui.session = id;
   ui.cur = null;
@@ -715,8 +718,13 @@ function apply(entry, replaying) {
         // the resumed run answers it again, in a block of its own.
         interruptStreaming();
         block(`resumed:${d.seq}`, () => h("div", { class: "divider labelled", text: resumedText(d) }));
+      } else if (d.input === "(live session)") { // a LiveAgent's: its turns are user_turn events
+        block("input", () => h("div", { class: "divider labelled", text: "live session" }));
       } else block("input", () => bubble("user", d.input));
       setRunning(true);
+      break;
+    case "user_turn": // a live session's person (live.js draws them live)
+      block(`user:${d.turn}`, () => bubble("user", d.text));
       break;
     case "turn_finished": {
       const el = turnBlock(d.path, d.turn);
@@ -724,8 +732,9 @@ function apply(entry, replaying) {
       const text = el.querySelector(".text");
       if (d.message.text !== text.textContent) {
         // The turn's text is the truth; streamed deltas that disagree mean events were lost
-        // or doubled on the way (the browser tests fail on this warning).
-        if (text.textContent) console.warn(`turn ${d.turn}: the streamed text differs from the turn's text`);
+        // or doubled on the way (the browser tests fail on this warning).  A live session's
+        // interrupted turn keeps only what was heard: shorter than what streamed, rightly.
+        if (text.textContent && d.finish_reason !== "interrupted") console.warn(`turn ${d.turn}: the streamed text differs from the turn's text`);
         text.textContent = d.message.text;
       }
       for (const call of d.message.tool_calls) if (!el.querySelector(`[data-call="${CSS.escape(call.id)}"]`)) el.append(toolChip(call));
@@ -1304,7 +1313,8 @@ document.addEventListener("DOMContentLoaded", () => {
   $("composer").addEventListener("submit", (e) => {
     e.preventDefault();
     const text = $("message").value.trim();
-    if (text && ui.app && !link.down) send(text); // Enter, while Send waits for the server
+    if (text && window.taLive?.sendText(text)) $("message").value = ""; // live: over its socket
+    else if (text && ui.app && !link.down) send(text); // Enter, while Send waits for the server
   });
   $("message").addEventListener("keydown", (e) => {
     if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
