@@ -617,7 +617,7 @@ async def test_random_calls_in_random_orders_never_deadlock(
 async def test_cancel_all_of_parked_invocations_racing_a_renewal(
     postgres_url: str, postgres_schema: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A runner on PostgreSQL with ``lease_ttl=1.5`` parks 300 invocations on approvals
+    """A runner on PostgreSQL with ``lease_ttl=3`` parks 300 invocations on approvals
     (1,000 at a larger ``TRIO_AGENTS_FUZZ``); ``cancel_all()`` comes as a lease renewal of
     all of them is sent, so the renewal, the gate ends and the group commits of the endings
     race on the same rows.  Every invocation ends ``cancelled`` with no store error, the store
@@ -639,7 +639,7 @@ async def test_cancel_all_of_parked_invocations_racing_a_renewal(
     with trio.fail_after(120):
         async with (
             RacingStore(postgres_url, schema=postgres_schema) as store,
-            Runner(store=store, lease_ttl=1.5) as runner,
+            Runner(store=store, lease_ttl=3) as runner,
         ):
             invs: list[Invocation] = []
 
@@ -649,7 +649,7 @@ async def test_cancel_all_of_parked_invocations_racing_a_renewal(
 
             async with trio.open_nursery() as nursery:
                 # More at once and a renewal waits behind their commits for longer than a
-                # lease (1.2 s): the invocations would end before they park.
+                # lease (2.4 s of the 3 s lease): the invocations would end before they park.
                 for _ in range(STARTERS):
                     nursery.start_soon(start, PARKED // STARTERS)
             for inv in invs:
