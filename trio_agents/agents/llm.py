@@ -36,8 +36,8 @@ import trio
 from .._exceptions import MaxTurnsExceeded, NeedsCredential, StoreError, UsageError
 from ..messages import ModelRequest, ModelResponse, ToolCall, ToolResult
 from ..models._base import Model, ReasoningChunk, TextChunk
-from ..tools import Tool, ToolContext, Toolset, tool
-from ._context import ApprovalAnswer, GateSpec, RunContext, StopRequested
+from ..tools import InputAnswer, Tool, ToolContext, Toolset, tool
+from ._context import ApprovalAnswer, GateSpec, RunContext, StopRequested, input_answer
 from ._transcript import Transcript
 
 __all__ = ["Agent"]
@@ -369,6 +369,14 @@ class Agent:
         await ctx.record_tool_finished(turn, result)
         transcript.results[call.id] = result
 
+    async def _ask_input(
+        self, ctx: RunContext, turn: int, call: ToolCall, message: str, schema: Mapping[str, Any]
+    ) -> InputAnswer:
+        """A running tool asks a person for input (an MCP elicitation): an ``input`` gate."""
+        end = await ctx.await_input(turn, call, message, schema, self._spec(call))
+        action, content = input_answer(end)
+        return InputAnswer(action=action or "cancel", content=content, state=end.state)
+
     async def _call(
         self, ctx: RunContext, found: AnyTool, call: ToolCall, turn: int, attempt: int
     ) -> ToolResult:
@@ -384,6 +392,7 @@ class Agent:
                 user_id=ctx.user_id,
                 credentials=ctx.credentials(),
                 progress=functools.partial(ctx.emit_tool_progress, turn, call),
+                ask_input=functools.partial(self._ask_input, ctx, turn, call),
             )
             try:
                 result = await found.call(call, context)

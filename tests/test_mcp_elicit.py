@@ -1,0 +1,120 @@
+"""An MCP server's ``elicitation/create`` during a tool call parks the invocation on an
+``input`` gate, against a real MCP server process (tests/mcp_servers/tools_server.py, tool
+``ask``): the answer a person gives with ``runner.decide`` reaches the server; a cancel of the
+invocation ends the gate ``cancelled`` and the server saw its call cancelled."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import trio
+
+import trio_agents as ta
+from trio_agents.events import InputRequested, InputSubmitted
+from trio_agents.models import ScriptedModel
+from trio_agents.models.scripted import ScriptedTurn
+from trio_agents.stores import MemoryStore
+
+from ._helpers import eventually
+from .mcp_servers import observed, stdio_server
+
+pytestmark = [pytest.mark.slow]  # real MCP server processes
+
+
+def _agent(server: ta.mcp.MCPServer, tag: str) -> ta.Agent:
+    call = ScriptedTurn.call("ask", json.dumps({"tag": tag}), id="c-ask")
+    return ta.Agent(name="ops", model=ScriptedModel([call, "done"]), tools=[server])
+
+
+async def _requested(store: MemoryStore, invocation_id: str) -> InputRequested:
+    async def found() -> bool:
+        return any(isinstance(e, InputRequested) for e in await store.load_events(invocation_id))
+
+    with trio.fail_after(20):
+        await eventually(found)
+    [request] = [e for e in await store.load_events(invocation_id) if isinstance(e, InputRequested)]
+    return request
+
+
+def _tool_result(agent: ta.Agent) -> str:
+    model = agent.model
+    assert isinstance(model, ScriptedModel)
+    [results] = [m for m in model.requests[1].messages if m.kind == "tool_results"]
+    return results.results[0].content
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        ({"approved": True, "content": {"confirm": True, "note": "go"}}, "accept: confirm=True"),
+        ({"approved": False}, "decline"),
+        ({"approved": False, "action": "cancel"}, "cancel"),
+    ],
+    ids=["accept", "decline", "dismiss"],
+)
+async def test_the_answer_given_with_decide_reaches_the_server(
+    tmp_path: Path, answer: dict[str, object], expected: str
+) -> None:
+    log = tmp_path / "log"
+    store = MemoryStore()
+    server = stdio_server(log)
+    agent = _agent(server, "t")
+    async with ta.Runner(store=store) as runner:
+        inv = await runner.start(agent, "go")
+        request = await _requested(store, inv.id)
+        assert request.message == "Proceed with t?"
+        assert set(request.schema["properties"]) == {"confirm", "note"}
+        assert request.request_id == "1:c-ask#input:1"
+        assert await runner.decide(inv.id, request.request_id, **answer)  # type: ignore[arg-type]
+        outcome = await inv.wait()
+    assert outcome.status == "completed", outcome
+    assert outcome.gates == {request.request_id: "submitted"}
+    assert _tool_result(agent).startswith(expected)
+    action = "accept" if "content" in answer else str(answer.get("action", "decline"))
+    assert f"answer-{action} t" in observed(log)
+    [end] = [e for e in await store.load_events(inv.id) if isinstance(e, InputSubmitted)]
+    assert (end.state, end.action) == ("submitted", action)
+
+
+async def test_content_that_breaks_the_schema_is_refused_and_the_gate_stays_open(
+    tmp_path: Path,
+) -> None:
+    store = MemoryStore()
+    server = stdio_server(tmp_path / "log")
+    agent = _agent(server, "v")
+    async with ta.Runner(store=store) as runner:
+        inv = await runner.start(agent, "go")
+        request = await _requested(store, inv.id)
+        with pytest.raises(ta.UsageError, match="confirm: 'yes' is not of type 'boolean'"):
+            await runner.decide(
+                inv.id, request.request_id, approved=True, content={"confirm": "yes"}
+            )
+        with pytest.raises(ta.UsageError, match="needs content="):
+            await runner.decide(inv.id, request.request_id, approved=True)
+        assert await runner.decide(
+            inv.id, request.request_id, approved=True, content={"confirm": False}
+        )
+        assert (await inv.wait()).status == "completed"
+    assert _tool_result(agent) == "accept: confirm=False note="
+
+
+async def test_a_cancel_ends_the_gate_cancelled_and_the_server_saw_the_call_cancelled(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "log"
+    store = MemoryStore()
+    server = stdio_server(log)
+    async with ta.Runner(store=store) as runner:
+        inv = await runner.start(_agent(server, "c"), "go")
+        request = await _requested(store, inv.id)
+        inv.cancel(reason="user pressed stop")
+        outcome = await inv.wait()
+        seen = observed(log)  # at once: what the server had done when wait() returned
+        assert outcome.status == "cancelled"
+        assert outcome.gates == {request.request_id: "cancelled"}
+        assert "cancelled c" in seen, seen
+        assert not any(line.startswith("answer-") for line in seen)
+        with pytest.raises(ta.GateClosed):
+            await runner.decide(inv.id, request.request_id, approved=False)
