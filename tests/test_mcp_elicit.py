@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 import trio
@@ -18,6 +19,7 @@ from trio_agents.models.scripted import ScriptedTurn
 from trio_agents.stores import MemoryStore
 
 from ._helpers import eventually
+from ._server import ALICE, open_client, open_server
 from .mcp_servers import observed, stdio_server
 
 pytestmark = [pytest.mark.slow]  # real MCP server processes
@@ -28,7 +30,7 @@ def _agent(server: ta.mcp.MCPServer, tag: str) -> ta.Agent:
     return ta.Agent(name="ops", model=ScriptedModel([call, "done"]), tools=[server])
 
 
-async def _requested(store: MemoryStore, invocation_id: str) -> InputRequested:
+async def _requested(store: ta.stores.Store, invocation_id: str) -> InputRequested:
     async def found() -> bool:
         return any(isinstance(e, InputRequested) for e in await store.load_events(invocation_id))
 
@@ -100,16 +102,19 @@ async def test_content_that_breaks_the_schema_is_refused_and_the_gate_stays_open
     assert _tool_result(agent) == "accept: confirm=False note="
 
 
+@pytest.mark.parametrize("mode", ["immediate", "after_tools"])
 async def test_a_cancel_ends_the_gate_cancelled_and_the_server_saw_the_call_cancelled(
-    tmp_path: Path,
+    tmp_path: Path, mode: ta.CancelMode
 ) -> None:
+    """Any cancel mode ends a wait for a person: the call is cancelled on the server (even
+    ``after_tools``, which otherwise lets a running call finish) before ``wait()`` returns."""
     log = tmp_path / "log"
     store = MemoryStore()
     server = stdio_server(log)
     async with ta.Runner(store=store) as runner:
         inv = await runner.start(_agent(server, "c"), "go")
         request = await _requested(store, inv.id)
-        inv.cancel(reason="user pressed stop")
+        inv.cancel(mode, reason="user pressed stop")
         outcome = await inv.wait()
         seen = observed(log)  # at once: what the server had done when wait() returned
         assert outcome.status == "cancelled"
@@ -118,3 +123,35 @@ async def test_a_cancel_ends_the_gate_cancelled_and_the_server_saw_the_call_canc
         assert not any(line.startswith("answer-") for line in seen)
         with pytest.raises(ta.GateClosed):
             await runner.decide(inv.id, request.request_id, approved=False)
+
+
+async def test_input_is_answered_over_http_through_the_approvals_route(tmp_path: Path) -> None:
+    """The approvals route lists the request with its message and schema, refuses content
+    that breaks the schema (422) and records an accept; the server got the content."""
+    log = tmp_path / "log"
+    server = stdio_server(log)
+    agent = _agent(server, "h")
+    async with (
+        ta.Runner() as runner,
+        open_server([agent], runner=runner) as url,
+        open_client(url, token=ALICE) as client,
+    ):
+        inv = await runner.start(agent, "go", user_id="alice")
+        request = await _requested(runner.store, inv.id)
+        listed = (await client.get(f"/invocations/{inv.id}/approvals")).json()["approvals"]
+        assert [(g["kind"], g["state"], g["message"]) for g in listed] == [
+            ("input", "open", "Proceed with h?")
+        ]
+        assert listed[0]["schema"]["properties"]["confirm"]["type"] == "boolean"
+        route = f"/invocations/{inv.id}/approvals/{quote(request.request_id, safe='')}"
+        bad = await client.post(route, json={"approved": True, "content": {"confirm": 3}})
+        assert bad.status_code == 422, bad.text
+        assert "confirm: 3 is not of type 'boolean'" in bad.json()["error"]["message"]
+        answer = {"approved": True, "content": {"confirm": True, "note": "web"}}
+        decided = await client.post(route, json=answer)
+        assert decided.status_code == 200, decided.text
+        assert decided.json()["state"] == "submitted"
+        assert decided.json()["action"] == "accept"
+        assert (await inv.wait()).status == "completed"
+    assert _tool_result(agent) == "accept: confirm=True note=web"
+    assert "answer-accept h" in observed(log)

@@ -16,7 +16,7 @@ import contextlib
 import json
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import jsonschema  # type: ignore[import-untyped]
@@ -146,7 +146,7 @@ class InvocationControl:
         by: str | None = None,
         arguments: str | Mapping[str, object] | None = None,
         content: Mapping[str, object] | None = None,
-        action: Literal["accept", "decline", "cancel"] | None = None,
+        action: str | None = None,
     ) -> bool:
         """Approve or deny a tool call that waits for approval (an ``approval_requested``
         event names ``approval_id``), or answer a running call's request for input (an
