@@ -18,8 +18,9 @@ from trio_agents.models import ScriptedModel
 from trio_agents.models.scripted import ScriptedTurn
 from trio_agents.stores import MemoryStore
 
-from ._helpers import eventually
+from ._helpers import eventually, run_then_crash
 from ._server import ALICE, open_client, open_server
+from .conftest import FakeClock
 from .mcp_servers import observed, stdio_server
 
 pytestmark = [pytest.mark.slow]  # real MCP server processes
@@ -30,20 +31,25 @@ def _agent(server: ta.mcp.MCPServer, tag: str) -> ta.Agent:
     return ta.Agent(name="ops", model=ScriptedModel([call, "done"]), tools=[server])
 
 
-async def _requested(store: ta.stores.Store, invocation_id: str) -> InputRequested:
+async def _requested(
+    store: ta.stores.Store, invocation_id: str, request_id: str = "1:c-ask#input:1"
+) -> InputRequested:
+    async def asked() -> list[InputRequested]:
+        events = await store.load_events(invocation_id)
+        return [e for e in events if isinstance(e, InputRequested) and e.request_id == request_id]
+
     async def found() -> bool:
-        return any(isinstance(e, InputRequested) for e in await store.load_events(invocation_id))
+        return bool(await asked())
 
     with trio.fail_after(20):
         await eventually(found)
-    [request] = [e for e in await store.load_events(invocation_id) if isinstance(e, InputRequested)]
-    return request
+    return (await asked())[0]
 
 
-def _tool_result(agent: ta.Agent) -> str:
+def _tool_result(agent: ta.Agent, request: int = 1) -> str:
     model = agent.model
     assert isinstance(model, ScriptedModel)
-    [results] = [m for m in model.requests[1].messages if m.kind == "tool_results"]
+    [results] = [m for m in model.requests[request].messages if m.kind == "tool_results"]
     return results.results[0].content
 
 
@@ -155,3 +161,75 @@ async def test_input_is_answered_over_http_through_the_approvals_route(tmp_path:
         assert (await inv.wait()).status == "completed"
     assert _tool_result(agent) == "accept: confirm=True note=web"
     assert "answer-accept h" in observed(log)
+
+
+async def test_a_request_that_cannot_be_matched_to_one_call_is_refused(tmp_path: Path) -> None:
+    """An elicitation request does not say which call asks: with two calls in flight on the
+    shared session it is refused at once, naming why; the server's tool gets the error."""
+    log = tmp_path / "log"
+    store = MemoryStore()
+    server = stdio_server(log)
+    slow = ScriptedTurn.call("slow", json.dumps({"tag": "s", "seconds": 60}), id="c-slow")
+    async with ta.Runner(store=store) as runner:
+        busy = await runner.start(
+            ta.Agent(name="busy", model=ScriptedModel([slow, "done"]), tools=[server]), "go"
+        )
+        with trio.fail_after(20):
+            await eventually(lambda: "started s" in observed(log))
+        agent = _agent(server, "m")
+        outcome = await runner.run(agent, "go")
+        busy.cancel()
+        await busy.wait()
+    assert outcome.status == "completed"
+    assert outcome.gates == {}
+    assert "elicitation declined by the client: 2 tool calls are in flight" in _tool_result(agent)
+
+
+@pytest.mark.parametrize("idempotent", [False, True])
+async def test_across_a_restart_the_call_is_unknown_or_asks_again(
+    tmp_path: Path, idempotent: bool
+) -> None:
+    """Our process dies while a call waits for input.  The request is journaled, the server's
+    call is gone with the process: on resume the open gate ends ``cancelled``; a
+    non-idempotent tool is not called again (the model is told its outcome is unknown), an
+    idempotent one is called again and asks again, under a new gate."""
+    log = tmp_path / "log"
+    clock = FakeClock()
+    store = MemoryStore(clock=clock)
+    policy = {"ask": ta.mcp.ToolPolicy(idempotent=idempotent)}
+
+    def agent(*turns: ScriptedTurn | str) -> ta.Agent:
+        server = stdio_server(log, policy=policy)
+        return ta.Agent(name="ops", model=ScriptedModel([*turns, "done"]), tools=[server])
+
+    async def asked() -> bool:
+        return any(isinstance(e, InputRequested) for e in await store.load_events("inv-1"))
+
+    await run_then_crash(
+        store,
+        lambda runner: runner.start(
+            agent(ScriptedTurn.call("ask", '{"tag": "r"}', id="c-ask")), "go", invocation_id="inv-1"
+        ),
+        asked,
+        within=20,
+    )
+    clock.advance(60)
+    async with ta.Runner(store=store) as runner:
+        resumed = agent()
+        inv = await runner.resume("inv-1", agent=resumed)
+        if idempotent:
+            with trio.fail_after(20):
+                await eventually(lambda: observed(log).count("started r") == 2)
+            request = await _requested(store, "inv-1", "1:c-ask#input:2")
+            assert await runner.decide(inv.id, request.request_id, approved=False)
+        with trio.fail_after(20):
+            outcome = await inv.wait()
+    assert outcome.status == "completed", outcome
+    first = "1:c-ask#input:1"
+    if idempotent:
+        assert outcome.gates == {first: "cancelled", "1:c-ask#input:2": "submitted"}
+        assert _tool_result(resumed, 0) == "decline"
+    else:
+        assert outcome.gates == {first: "cancelled"}
+        assert _tool_result(resumed, 0).startswith("unknown outcome")
+        assert observed(log).count("started r") == 1

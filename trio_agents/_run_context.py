@@ -233,6 +233,9 @@ class InvocationContext:
     ) -> ApprovalDecision:
         return await approvals.await_input(self, self.path, turn, call, message, schema, spec)
 
+    async def end_stale_inputs(self, turn: int, call: ToolCall) -> None:
+        await approvals.end_stale_inputs(self, self.path, turn, call)
+
     def credentials(self) -> Mapping[str, str]:
         return self._inv._credentials()
 

@@ -576,6 +576,29 @@ async def await_input(
     return end
 
 
+async def end_stale_inputs(host: GateHost, path: str, turn: int, call: ToolCall) -> None:
+    """End ``cancelled`` the input gates of ``call`` still open from an earlier run of it (the
+    process stopped while it waited; the request died with the server call): the call now runs
+    again or is told its outcome is unknown.  An answer recorded meanwhile stands (first write
+    wins) and is journaled, but nothing takes it up."""
+    base = f"{_prefix(path)}{turn}:{call.id}#input:"
+    stale = [g for g, info in host.known_gates().items() if g.startswith(base)]
+    ends = [
+        ApprovalDecision(
+            invocation_id=host.invocation_id,
+            approval_id=gate_id,
+            approved=False,
+            state="cancelled",
+            reason="the call was cut off while it waited: the process stopped",
+        )
+        for gate_id in stale
+        if host.known_gates()[gate_id].state == "open"
+    ]
+    if ends:
+        for end in await host.end_gates(ends):
+            await host.record_gate(InputSubmitted, turn=turn, **_end_fields("input", end))
+
+
 def _end_fields(kind: GateKind, end: ApprovalDecision) -> dict[str, Any]:
     """The fields of the journaled end event of a gate of ``kind`` that ended as ``end``."""
     if kind == "approval":

@@ -226,6 +226,11 @@ class RunContext(Protocol):
         like :meth:`await_approvals`, and return how the gate ended."""
         ...
 
+    async def end_stale_inputs(self, turn: int, call: ToolCall) -> None:
+        """End ``cancelled`` the input gates an earlier run of ``call`` left open (the
+        process stopped while it waited)."""
+        ...
+
     def credentials(self) -> Mapping[str, str]:
         """Credentials submitted to this invocation (memory only), for :class:`ToolContext`."""
         ...

@@ -314,6 +314,8 @@ class Agent:
         call = transcript.started.get(call.id, call)  # as started: maybe with edited arguments
         if answer is not None and answer.arguments is not None:
             call = attrs.evolve(call, arguments=answer.arguments)
+        if attempt > 1:  # an earlier run was cut off: its requests for input died with it
+            await ctx.end_stale_inputs(turn, call)
         if answer is not None and not answer.approved:
             text = {"expired": APPROVAL_EXPIRED, "cancelled": APPROVAL_CANCELLED}.get(
                 answer.state, NOT_APPROVED
