@@ -233,3 +233,29 @@ async def test_across_a_restart_the_call_is_unknown_or_asks_again(
         assert outcome.gates == {first: "cancelled"}
         assert _tool_result(resumed, 0).startswith("unknown outcome")
         assert observed(log).count("started r") == 1
+
+
+async def test_the_chat_asks_at_the_terminal_and_sends_the_answer(tmp_path: Path) -> None:
+    """`trio-agents chat` shows the server's message and the schema's fields; a JSON line
+    answers, and the server got it (the model reads the tool's answer)."""
+    from trio_agents.messages import ToolCall
+    from trio_agents.testing import open_fake_openai_server, openai_stream
+
+    from .test_cli_chat import PROMPT, chat
+
+    ask = ToolCall(id="call_1", name="ask", arguments='{"tag": "tty"}')
+    async with open_fake_openai_server() as server:
+        server.enqueue(openai_stream(tool_calls=[ask]), openai_stream(["Confirmed."]))
+        with trio.fail_after(60):
+            async with chat(server, tmp_path, agent="tests.chat_agents:asker") as term:
+                await term.expect(PROMPT)
+                await term.line("go")
+                asked = await term.expect("answer as JSON {confirm: boolean, note: string}")
+                assert "Proceed with tty?" in asked
+                await term.line('{"confirm": "yes"}')  # breaks the schema: asked again
+                await term.expect("'yes' is not of type 'boolean'")
+                await term.line('{"confirm": true, "note": "tty"}')
+                await term.expect("Confirmed.")
+                await term.ctrl_d()
+    tool = [m for m in server.requests[1].json["messages"] if m["role"] == "tool"]
+    assert tool[0]["content"] == "accept: confirm=True note=tty"
