@@ -259,3 +259,57 @@ async def test_the_chat_asks_at_the_terminal_and_sends_the_answer(tmp_path: Path
                 await term.ctrl_d()
     tool = [m for m in server.requests[1].json["messages"] if m["role"] == "tool"]
     assert tool[0]["content"] == "accept: confirm=True note=tty"
+
+
+async def test_the_dev_ui_card_shows_the_message_and_a_field_per_property(
+    tmp_path: Path, chromium_path: str
+) -> None:
+    """In headless Chromium: the dev UI's card shows the server's message and a field per
+    property of its schema; Accept sends what was filled in, and the server got it."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from trio_agents.messages import ToolCall
+    from trio_agents.models import OpenAIChat
+    from trio_agents.testing import ResponsePlan, open_fake_openai_server, openai_stream
+
+    from .test_ui_browser import answer, connect, send
+
+    def respond(body: dict[str, object]) -> ResponsePlan:
+        last = body["messages"][-1]  # type: ignore[index]
+        if last["role"] == "tool":
+            return openai_stream(f"Server said: {last['content']}")
+        return openai_stream(tool_calls=[ToolCall(id="c1", name="ask", arguments='{"tag": "ui"}')])
+
+    log = tmp_path / "log"
+    async with (
+        open_fake_openai_server(responder=respond) as fake,
+        OpenAIChat("fake-model", base_url=fake.base_url, api_key="test-key") as model,
+        ta.Runner() as runner,
+    ):
+        agent = ta.Agent(name="asker", model=model, tools=[stdio_server(log)])
+        async with open_server([agent], runner=runner, ui=True) as url:
+
+            def drive() -> None:
+                with sync_playwright() as playwright:
+                    browser = playwright.chromium.launch(
+                        executable_path=chromium_path, headless=True
+                    )
+                    try:
+                        page = browser.new_page()
+                        page.set_default_timeout(20_000)
+                        connect(page, url, app="asker")
+                        send(page, "go")
+                        card = page.locator(".approval.input")
+                        expect(card.locator(".input-message")).to_have_text("Proceed with ui?")
+                        card.locator('input[data-field="confirm"]').check()
+                        card.locator('input[data-field="note"]').fill("from the page")
+                        card.locator(".approve").click()
+                        expect(card).to_have_attribute("data-state", "submitted")
+                        expect(answer(page)).to_have_text(
+                            "Server said: accept: confirm=True note=from the page"
+                        )
+                    finally:
+                        browser.close()
+
+            await trio.to_thread.run_sync(drive)
+    assert "answer-accept ui" in observed(log)
