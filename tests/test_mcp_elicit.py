@@ -313,3 +313,28 @@ async def test_the_dev_ui_card_shows_the_message_and_a_field_per_property(
 
             await trio.to_thread.run_sync(drive)
     assert "answer-accept ui" in observed(log)
+
+
+async def test_an_answer_from_another_process_arrives_through_the_store(tmp_path: Path) -> None:
+    """A runner of another process (its own store connection to the same SQLite file) answers:
+    the decision is recorded in the store and the running invocation takes it up from there."""
+    log = tmp_path / "log"
+    path = tmp_path / "agents.db"
+    agent = _agent(stdio_server(log), "x")
+    async with (
+        ta.stores.SQLiteStore(path) as store,
+        ta.stores.SQLiteStore(path) as other_store,
+        ta.Runner(store=store) as runner,
+        ta.Runner(store=other_store, owner="elsewhere") as elsewhere,
+    ):
+        inv = await runner.start(agent, "go")
+        request = await _requested(store, inv.id)
+        assert await elsewhere.decide(
+            inv.id, request.request_id, approved=True, content={"confirm": True}
+        )
+        with trio.fail_after(20):
+            outcome = await inv.wait()
+        [end] = [e for e in await store.load_events(inv.id) if isinstance(e, InputSubmitted)]
+    assert outcome.status == "completed"
+    assert _tool_result(agent) == "accept: confirm=True note="
+    assert end.by == "elsewhere"
