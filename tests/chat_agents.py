@@ -24,3 +24,19 @@ slow_tools = ta.Agent(
     instructions="Answer with the weather tool.",
     tools=[get_weather],
 )
+
+
+def _asking_server() -> ta.mcp.MCPServer:
+    import sys
+
+    from tests.mcp_servers import TOOLS_SERVER
+
+    return ta.mcp.MCPServer.stdio(sys.executable, [TOOLS_SERVER, "stdio"], tools=["ask"])
+
+
+asker = ta.Agent(
+    name="asker",
+    model=ta.models.OpenAIChat("gpt-4o-mini"),
+    instructions="Ask before you proceed.",
+    tools=[_asking_server()],
+)

@@ -208,18 +208,3 @@ async def test_our_crash_mid_call_is_an_unknown_outcome_unless_idempotent(
         with trio.fail_after(5):  # the first process's call may still finish: never a second
             await eventually(lambda: len(pids(log)) == 1)
         assert observed(log).count("started x") == 1
-
-
-async def test_a_server_asking_for_input_is_refused_not_left_waiting(tmp_path: Path) -> None:
-    """Elicitation is not a gate yet: a server's ``elicitation/create`` is refused at once
-    ("not supported"), so its tool ends and the model reads the refusal; nothing waits."""
-    log = tmp_path / "log"
-    store = MemoryStore()
-    server = stdio_server(log)
-    async with ta.Runner(store=store) as runner:
-        outcome = await runner.run(_agent(server, _call("ask", tag="q")), "go")
-        (result,) = await _results(store, outcome.invocation_id)
-    assert outcome.status == "completed"
-    assert result.is_error
-    assert "Elicitation not supported" in result.content
-    assert observed(log) == ["started q", "finally q"]

@@ -13,15 +13,17 @@ declared at the top of the class.
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
+import jsonschema  # type: ignore[import-untyped]
 
 from . import approvals
 from ._exceptions import InvocationNotFound, UsageError
-from .events import ApprovalRequested, CancelMode, Event, check_cancel_mode
+from .events import ApprovalRequested, CancelMode, Event, InputRequested, check_cancel_mode
 from .stores._base import ApprovalDecision, CancelRequest, InvocationRecord, Store
 from .tools import _to_text
 from .turnloop import LOOP_PREFIX
@@ -143,9 +145,17 @@ class InvocationControl:
         reason: str | None = None,
         by: str | None = None,
         arguments: str | Mapping[str, object] | None = None,
+        content: Mapping[str, object] | None = None,
+        action: str | None = None,
     ) -> bool:
         """Approve or deny a tool call that waits for approval (an ``approval_requested``
-        event names ``approval_id``).
+        event names ``approval_id``), or answer a running call's request for input (an
+        ``input_requested`` event's ``request_id``).
+
+        Input: ``approved=True`` with ``content`` (an object valid against the request's
+        ``schema``) accepts; ``approved=False`` declines; ``action="cancel"`` dismisses the
+        request (``approved`` is then ignored).  The answer goes back to the tool (an MCP
+        server gets it as the elicitation's result).
 
         Durable first: the decision is recorded in the store, then handed to the invocation -
         at once if it waits here, through the store if it runs in another process, or when
@@ -172,6 +182,17 @@ class InvocationControl:
         if arguments is not None and not approved:
             raise UsageError("arguments= may only come with approved=True")
         events = await self.store.load_events(invocation_id)
+        gate = approvals.tally(events).get(approval_id)
+        if gate is not None and gate.kind == "input":
+            if arguments is not None:
+                raise UsageError("arguments= is for approvals; answer input with content=")
+            return await self._answer_input(
+                invocation_id, approval_id, events, approved, content, action, reason, by
+            )
+        if content is not None or action is not None:
+            raise UsageError(
+                f"content= and action= answer a request for input; {approval_id!r} is not one"
+            )
         request, state = approvals.find_gate(invocation_id, approval_id, "approval", events)
         if state is not None:
             return approvals.refuse(approval_id, state)
@@ -186,6 +207,47 @@ class InvocationControl:
             reason=reason,
             decided_by=by or self.owner,
             arguments=edited,
+        )
+        return await self._end_gate(request, decision)
+
+    async def _answer_input(
+        self,
+        invocation_id: str,
+        request_id: str,
+        events: list[Event],
+        approved: bool,
+        content: Mapping[str, object] | None,
+        action: str | None,
+        reason: str | None,
+        by: str | None,
+    ) -> bool:
+        request, state = approvals.find_gate(invocation_id, request_id, "input", events)
+        if state is not None:
+            return approvals.refuse(request_id, state)
+        assert isinstance(request, InputRequested)
+        if action is None:
+            action = "accept" if approved else "decline"
+        if action not in ("accept", "decline", "cancel"):
+            raise UsageError(f"action must be 'accept', 'decline' or 'cancel', got {action!r}")
+        if action != "accept":
+            if content is not None:
+                raise UsageError(f"content= may only come with an accept, not {action!r}")
+        else:
+            if not isinstance(content, Mapping):
+                raise UsageError(
+                    f"accepting input {request_id!r} needs content=, an object matching its "
+                    f"schema, got {content!r}"
+                )
+            content = dict(content)
+            _check_input(request_id, request.schema, content)
+        decision = ApprovalDecision(
+            invocation_id=invocation_id,
+            approval_id=request_id,
+            approved=action == "accept",
+            state="submitted",
+            reason=reason,
+            decided_by=by or self.owner,
+            result=json.dumps({"action": action, "content": content}),
         )
         return await self._end_gate(request, decision)
 
@@ -304,3 +366,19 @@ class InvocationControl:
                 f"agent {record.agent!r} or its tool; pass Runner(agents=[...])"
             )
         return found
+
+
+def _check_input(request_id: str, schema: Mapping[str, Any], content: dict[str, object]) -> None:
+    """Raise :class:`UsageError` naming each field of ``content`` that breaks ``schema``."""
+    try:
+        validator_class = jsonschema.validators.validator_for(schema)
+        validator = validator_class(schema)
+        errors = sorted(validator.iter_errors(content), key=lambda e: list(e.absolute_path))
+    except jsonschema.SchemaError as exc:  # pragma: no cover  (the server's schema)
+        raise UsageError(f"input {request_id!r} has an invalid schema: {exc.message}") from None
+    if errors:
+        parts = []
+        for error in errors:
+            where = ".".join(str(p) for p in error.absolute_path)
+            parts.append(f"{where}: {error.message}" if where else error.message)
+        raise UsageError(f"the content for input {request_id!r} is invalid: {'; '.join(parts)}")

@@ -228,6 +228,14 @@ class InvocationContext:
             self, self.path, turn, call, name, hint, scopes, spec
         )
 
+    async def await_input(
+        self, turn: int, call: ToolCall, message: str, schema: Mapping[str, Any], spec: GateSpec
+    ) -> ApprovalDecision:
+        return await approvals.await_input(self, self.path, turn, call, message, schema, spec)
+
+    async def end_stale_inputs(self, turn: int, call: ToolCall) -> None:
+        await approvals.end_stale_inputs(self, self.path, turn, call)
+
     def credentials(self) -> Mapping[str, str]:
         return self._inv._credentials()
 

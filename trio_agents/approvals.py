@@ -59,7 +59,13 @@ import trio
 from ._exceptions import GateClosed, LeaseError, StoreError, UsageError
 from ._recorder import Recorder
 from ._writer import JournalWriter
-from .agents._context import ApprovalAnswer, GateSpec, PauseRequested, StopRequested
+from .agents._context import (
+    ApprovalAnswer,
+    GateSpec,
+    PauseRequested,
+    StopRequested,
+    input_answer,
+)
 from .agents._transcript import exchange_of
 from .events import (
     ApprovalDecided,
@@ -68,6 +74,8 @@ from .events import (
     CredentialSubmitted,
     ErrorInfo,
     Event,
+    InputRequested,
+    InputSubmitted,
     InvocationEnded,
     ResultRequested,
     ResultSubmitted,
@@ -81,6 +89,7 @@ __all__ = [
     "Gates",
     "await_approvals",
     "await_credential",
+    "await_input",
     "await_result",
     "awaiting",
     "cancel_paused",
@@ -95,13 +104,14 @@ __all__ = [
     "tally",
 ]
 
-GateKind: TypeAlias = Literal["approval", "result", "credential"]
-REQUESTS: Final = (ApprovalRequested, ResultRequested, CredentialRequested)
-ENDS: Final = (ApprovalDecided, ResultSubmitted, CredentialSubmitted)
+GateKind: TypeAlias = Literal["approval", "result", "credential", "input"]
+REQUESTS: Final = (ApprovalRequested, ResultRequested, CredentialRequested, InputRequested)
+ENDS: Final = (ApprovalDecided, ResultSubmitted, CredentialSubmitted, InputSubmitted)
 _KIND_OF: Final[dict[type[Any], GateKind]] = {
     ApprovalRequested: "approval",
     ResultRequested: "result",
     CredentialRequested: "credential",
+    InputRequested: "input",
 }
 
 EXPIRED_RESULT = (
@@ -535,6 +545,60 @@ async def await_credential(
     return host.credentials()
 
 
+async def await_input(
+    host: GateHost,
+    path: str,
+    turn: int,
+    call: ToolCall,
+    message: str,
+    schema: Mapping[str, Any],
+    spec: GateSpec,
+) -> ApprovalDecision:
+    """Ask a person for input for this running call (``input_requested``, journaled), wait,
+    journal the end (``input_submitted``) and return it.  Each request is a new gate
+    (``...#input:<n>``): a tool may ask several times, and a call run again after a restart
+    asks again."""
+    base = f"{_prefix(path)}{turn}:{call.id}#input:"
+    asked = [g for g in host.known_gates() if g.startswith(base)]
+    request_id = f"{base}{len(asked) + 1}"
+    expires_at = _expires_at(host, spec)
+    await host.record_gate(
+        InputRequested,
+        turn=turn,
+        request_id=request_id,
+        call=call,
+        message=message,
+        schema=dict(schema),
+        expires_at=expires_at,
+    )
+    end = (await host.gates().wait(host, {request_id: expires_at}))[request_id]
+    await host.record_gate(InputSubmitted, turn=turn, **_end_fields("input", end))
+    return end
+
+
+async def end_stale_inputs(host: GateHost, path: str, turn: int, call: ToolCall) -> None:
+    """End ``cancelled`` the input gates of ``call`` still open from an earlier run of it (the
+    process stopped while it waited; the request died with the server call): the call now runs
+    again or is told its outcome is unknown.  An answer recorded meanwhile stands (first write
+    wins) and is journaled, but nothing takes it up."""
+    base = f"{_prefix(path)}{turn}:{call.id}#input:"
+    stale = [g for g, info in host.known_gates().items() if g.startswith(base)]
+    ends = [
+        ApprovalDecision(
+            invocation_id=host.invocation_id,
+            approval_id=gate_id,
+            approved=False,
+            state="cancelled",
+            reason="the call was cut off while it waited: the process stopped",
+        )
+        for gate_id in stale
+        if host.known_gates()[gate_id].state == "open"
+    ]
+    if ends:
+        for end in await host.end_gates(ends):
+            await host.record_gate(InputSubmitted, turn=turn, **_end_fields("input", end))
+
+
 def _end_fields(kind: GateKind, end: ApprovalDecision) -> dict[str, Any]:
     """The fields of the journaled end event of a gate of ``kind`` that ended as ``end``."""
     if kind == "approval":
@@ -555,6 +619,8 @@ def _end_fields(kind: GateKind, end: ApprovalDecision) -> dict[str, Any]:
         submitted = end.state == "submitted"
         fields["result"] = end.result if submitted else None
         fields["is_error"] = submitted and not end.approved
+    if kind == "input":
+        fields["action"], fields["content"] = input_answer(end)
     return fields
 
 
@@ -562,6 +628,7 @@ _END_CLASS: Final[dict[GateKind, type[Any]]] = {
     "approval": ApprovalDecided,
     "result": ResultSubmitted,
     "credential": CredentialSubmitted,
+    "input": InputSubmitted,
 }
 
 
@@ -582,7 +649,12 @@ def end_events(
 def cancelled_note(gates: Mapping[str, GateInfo], ended: Iterable[str]) -> str:
     """What a person's cancel did to the gates ``ended`` (their ids), for the transcript the
     model sees next: ``"the approval of deploy was cancelled"``."""
-    words = {"approval": "approval of", "result": "result of", "credential": "credential for"}
+    words = {
+        "approval": "approval of",
+        "result": "result of",
+        "credential": "credential for",
+        "input": "input asked by",
+    }
     parts = [f"the {words.get(gates[g].kind, gates[g].kind)} {gates[g].tool}" for g in ended]
     if not parts:
         return ""
@@ -614,6 +686,7 @@ _WHAT: Final = {
     "approval": "approval",
     "result": "long-running call",
     "credential": "credential request",
+    "input": "input request",
 }
 
 
@@ -679,7 +752,7 @@ def find_result_gate(invocation_id: str, call_id: str, events: Sequence[Event]) 
 def awaiting(pending: Sequence[str], gates: Mapping[str, GateInfo]) -> str:
     """The reason of a ``paused`` ending: ``"awaiting approval: 1:c0, 1:c1"`` (grouped by
     kind: ``approval``, ``result``, ``credential``)."""
-    groups: dict[str, list[str]] = {"approval": [], "result": [], "credential": []}
+    groups: dict[str, list[str]] = {"approval": [], "result": [], "credential": [], "input": []}
     for g in pending:
         groups[gates[g].kind if g in gates else "approval"].append(g)
     return "; ".join(f"awaiting {kind}: {', '.join(ids)}" for kind, ids in groups.items() if ids)

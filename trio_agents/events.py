@@ -78,6 +78,8 @@ __all__ = [
     "EventId",
     "GateState",
     "HookWarning",
+    "InputRequested",
+    "InputSubmitted",
     "InvocationEnded",
     "InvocationStarted",
     "LoopOpened",
@@ -507,6 +509,48 @@ class CredentialSubmitted:
 
 
 @attrs.frozen(kw_only=True)
+class InputRequested:
+    """A running tool call asks a person for input (an MCP server's ``elicitation/create``):
+    ``message`` says what, ``schema`` (a JSON Schema object) the shape of the answer.  Answer
+    with ``await runner.decide(invocation_id, request_id, approved=True, content={...})``
+    (accept), ``approved=False`` (decline) or ``action="cancel"`` (dismiss).  The call stays
+    in flight meanwhile."""
+
+    kind: Literal["input_requested"] = "input_requested"
+    invocation_id: str
+    seq: int
+    sub: int = 0
+    at: float
+    path: str = ""
+    turn: int
+    request_id: str
+    call: ToolCall
+    message: str
+    schema: dict[str, Any] = attrs.field(factory=dict)
+    expires_at: float | None = None
+
+
+@attrs.frozen(kw_only=True)
+class InputSubmitted:
+    """The wait for input ended: ``submitted`` (``action`` is ``accept`` with ``content``,
+    ``decline`` or ``cancel``, the person's choice), ``expired`` or ``cancelled`` (the
+    invocation was cancelled first)."""
+
+    kind: Literal["input_submitted"] = "input_submitted"
+    invocation_id: str
+    seq: int
+    sub: int = 0
+    at: float
+    path: str = ""
+    turn: int
+    request_id: str
+    state: GateState
+    action: str | None = None
+    content: dict[str, Any] | None = None
+    by: str | None = None
+
+
+@attrs.frozen(kw_only=True)
 class CancelRequested:
     """Someone asked the invocation to stop (the strongest mode so far, the first reason)."""
 
@@ -660,6 +704,8 @@ Event: TypeAlias = (
     | ResultSubmitted
     | CredentialRequested
     | CredentialSubmitted
+    | InputRequested
+    | InputSubmitted
     | CancelRequested
     | HookWarning
     | InvocationEnded
@@ -687,6 +733,8 @@ _EVENT_TYPES: Final[dict[str, type[Any]]] = {
         ResultSubmitted,
         CredentialRequested,
         CredentialSubmitted,
+        InputRequested,
+        InputSubmitted,
         CancelRequested,
         HookWarning,
         InvocationEnded,

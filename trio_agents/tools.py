@@ -26,7 +26,7 @@ import logging
 import re
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import (
     Any,
     Generic,
@@ -49,7 +49,7 @@ from pydantic.fields import FieldInfo
 from ._exceptions import NeedsCredential, ToolError, UsageError
 from .messages import ToolCall, ToolResult, ToolSpec
 
-__all__ = ["Tool", "ToolContext", "ToolOptions", "Toolset", "tool"]
+__all__ = ["InputAnswer", "Tool", "ToolContext", "ToolOptions", "Toolset", "tool"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -96,6 +96,9 @@ class ToolContext:
     progress: Callable[[float, float | None, str | None], None] | None = attrs.field(
         default=None, repr=False, eq=False, hash=False
     )
+    ask_input: Callable[[str, Mapping[str, Any]], Awaitable[InputAnswer]] | None = attrs.field(
+        default=None, repr=False, eq=False, hash=False
+    )
 
     def report_progress(
         self, progress: float, total: float | None = None, message: str | None = None
@@ -108,10 +111,33 @@ class ToolContext:
     def _default_idempotency_key(self) -> str:
         return f"{self.invocation_id}:{self.call_id}"
 
+    async def request_input(self, message: str, schema: Mapping[str, Any]) -> InputAnswer:
+        """Ask a person for input while this call runs (an ``input_requested`` gate, journaled;
+        answered with ``runner.decide``) and wait for the answer.  Outside an invocation (no
+        one to ask) the answer is a ``decline``.
+
+        Raises :class:`~trio_agents.agents.StopRequested` / ``trio.Cancelled`` when a cancel
+        ends the wait (the gate ends ``cancelled``).
+        """
+        if self.ask_input is None:
+            return InputAnswer(action="decline", state="submitted")
+        return await self.ask_input(message, schema)
+
     def credential(self, name: str) -> str | None:
         """The credential ``name`` submitted for this invocation, or ``None`` (then raise
         ``NeedsCredential(name)`` to ask for it)."""
         return self.credentials.get(name)
+
+
+@attrs.frozen
+class InputAnswer:
+    """A person's answer to :meth:`ToolContext.request_input`: ``action`` is ``accept`` (with
+    ``content``, valid against the schema), ``decline`` or ``cancel``; ``state`` how the gate
+    ended (``submitted``, or ``expired``: then the action is ``cancel``)."""
+
+    action: str
+    content: dict[str, Any] | None = None
+    state: str = "submitted"
 
 
 @runtime_checkable

@@ -6,9 +6,10 @@ they know nothing of stores, subscribers or transports.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 import trio
@@ -16,6 +17,9 @@ import trio
 from ..events import Event
 from ..messages import Message, ModelRequest, ModelResponse, ToolCall, ToolResult
 from ..models._base import Model
+
+if TYPE_CHECKING:
+    from ..stores._base import ApprovalDecision
 
 __all__ = [
     "AgentLike",
@@ -215,6 +219,18 @@ class RunContext(Protocol):
         when the gate expired or was cancelled."""
         ...
 
+    async def await_input(
+        self, turn: int, call: ToolCall, message: str, schema: Mapping[str, Any], spec: GateSpec
+    ) -> ApprovalDecision:
+        """Ask a person for input while ``call`` runs (``input_requested``, journaled), wait
+        like :meth:`await_approvals`, and return how the gate ended."""
+        ...
+
+    async def end_stale_inputs(self, turn: int, call: ToolCall) -> None:
+        """End ``cancelled`` the input gates an earlier run of ``call`` left open (the
+        process stopped while it waited)."""
+        ...
+
     def credentials(self) -> Mapping[str, str]:
         """Credentials submitted to this invocation (memory only), for :class:`ToolContext`."""
         ...
@@ -229,3 +245,12 @@ class AgentLike(Protocol):
     async def run(self, ctx: RunContext) -> str:
         """Run or resume in ``ctx``; return the output.  Let ``trio.Cancelled`` through."""
         ...
+
+
+def input_answer(end: ApprovalDecision) -> tuple[str | None, dict[str, Any] | None]:
+    """A person's answer to an input gate: its action and (when accepted) content.  The store
+    keeps it in the decision's ``result`` as ``{"action": ..., "content": ...}`` (JSON)."""
+    if end.state != "submitted" or end.result is None:
+        return None, None
+    answer = json.loads(end.result)
+    return answer["action"], answer.get("content")

@@ -36,8 +36,8 @@ import trio
 from .._exceptions import MaxTurnsExceeded, NeedsCredential, StoreError, UsageError
 from ..messages import ModelRequest, ModelResponse, ToolCall, ToolResult
 from ..models._base import Model, ReasoningChunk, TextChunk
-from ..tools import Tool, ToolContext, Toolset, tool
-from ._context import ApprovalAnswer, GateSpec, RunContext, StopRequested
+from ..tools import InputAnswer, Tool, ToolContext, Toolset, tool
+from ._context import ApprovalAnswer, GateSpec, RunContext, StopRequested, input_answer
 from ._transcript import Transcript
 
 __all__ = ["Agent"]
@@ -314,6 +314,8 @@ class Agent:
         call = transcript.started.get(call.id, call)  # as started: maybe with edited arguments
         if answer is not None and answer.arguments is not None:
             call = attrs.evolve(call, arguments=answer.arguments)
+        if attempt > 1:  # an earlier run was cut off: its requests for input died with it
+            await ctx.end_stale_inputs(turn, call)
         if answer is not None and not answer.approved:
             text = {"expired": APPROVAL_EXPIRED, "cancelled": APPROVAL_CANCELLED}.get(
                 answer.state, NOT_APPROVED
@@ -369,6 +371,14 @@ class Agent:
         await ctx.record_tool_finished(turn, result)
         transcript.results[call.id] = result
 
+    async def _ask_input(
+        self, ctx: RunContext, turn: int, call: ToolCall, message: str, schema: Mapping[str, Any]
+    ) -> InputAnswer:
+        """A running tool asks a person for input (an MCP elicitation): an ``input`` gate."""
+        end = await ctx.await_input(turn, call, message, schema, self._spec(call))
+        action, content = input_answer(end)
+        return InputAnswer(action=action or "cancel", content=content, state=end.state)
+
     async def _call(
         self, ctx: RunContext, found: AnyTool, call: ToolCall, turn: int, attempt: int
     ) -> ToolResult:
@@ -384,6 +394,7 @@ class Agent:
                 user_id=ctx.user_id,
                 credentials=ctx.credentials(),
                 progress=functools.partial(ctx.emit_tool_progress, turn, call),
+                ask_input=functools.partial(self._ask_input, ctx, turn, call),
             )
             try:
                 result = await found.call(call, context)

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import collections
 import io
+import json
 import signal
 import sys
 import uuid
@@ -56,10 +57,11 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from .._exceptions import InvocationNotFound, SessionNotFound, UsageError
+from .._exceptions import GateClosed, InvocationNotFound, SessionNotFound, UsageError
 from ..agents import AgentLike
 from ..events import (
     ApprovalRequested,
+    InputRequested,
     InvocationEnded,
     LoopTurnEnded,
     LoopTurnStarted,
@@ -113,7 +115,7 @@ class Chat:
             highlight=False,
             soft_wrap=True,
         )
-        self.questions: collections.deque[ApprovalRequested] = collections.deque()
+        self.questions: collections.deque[ApprovalRequested | InputRequested] = collections.deque()
         self.kept: list[str] = []  # typed at a question: sent when the turn ends
         self.presses = CtrlC()  # during an answer (a new one for each turn)
         self.idle_presses = CtrlC()  # between answers
@@ -190,7 +192,7 @@ class Chat:
                     self.label = True
                     if event.resumed:
                         self.out.print("[dim](continuing the answer that was cut off)[/]")
-                elif isinstance(event, ApprovalRequested):
+                elif isinstance(event, ApprovalRequested | InputRequested):
                     printer.end_line()
                     self.questions.append(event)
                     if len(self.questions) == 1:
@@ -267,6 +269,9 @@ class Chat:
         """Answer the first question with ``text``; any other line than yes or no is kept."""
         question = self.questions[0]
         answer = text.lower()
+        if isinstance(question, InputRequested):
+            await self._answer_input(question, text)
+            return
         if answer not in _YES + _NO:
             if self.screen is not None:
                 self._line(PROMPT + escape(text))
@@ -287,6 +292,51 @@ class Chat:
             reason=None if approved else "declined at the terminal",
             by="chat",
         )
+        if self.questions:
+            self._ask()
+
+    async def _answer_input(self, question: InputRequested, text: str) -> None:
+        """Answer a request for input: JSON content accepts, ``n`` declines, ``cancel``
+        dismisses; content that is not JSON or breaks the schema asks again, saying why."""
+        word = text.strip().lower()
+        content = None
+        if word in _NO:
+            action = "decline"
+        elif word == "cancel":
+            action = "cancel"
+        else:
+            action = "accept"
+            try:
+                content = json.loads(text)
+            except json.JSONDecodeError as exc:
+                self._line(f"[red]not JSON: {escape(str(exc))}[/]")
+                self._ask(again=True)
+                return
+            if not isinstance(content, dict):
+                self._line("[red]the answer must be a JSON object[/]")
+                self._ask(again=True)
+                return
+        try:
+            await self.runner.decide(
+                question.invocation_id,
+                question.request_id,
+                approved=action == "accept",
+                content=content,
+                action=action,
+                by="chat",
+            )
+        except UsageError as exc:
+            if isinstance(exc, GateClosed):
+                self.questions.popleft()
+                self._line(f"[magenta]{escape(str(exc))}[/]")
+            else:
+                self._line(f"[red]{escape(str(exc))}[/]")
+                self._ask(again=True)
+                return
+        else:
+            self.questions.popleft()
+            if self.screen is not None:
+                self._line(approval_ask(question)[1] + escape(text or "n"))
         if self.questions:
             self._ask()
 

@@ -17,6 +17,7 @@ from ..events import (
     ApprovalDecided,
     ApprovalRequested,
     Event,
+    InputRequested,
     TextDelta,
     ToolCallFinished,
     ToolCallStarted,
@@ -147,16 +148,25 @@ class EventPrinter:
         self.close()
 
 
-def approval_question(event: ApprovalRequested) -> str:
+def approval_question(event: ApprovalRequested | InputRequested) -> str:
     """The lines that ask the person at the terminal (markup): the tool's prompt or
     description, then the call and ``[y/N]``."""
     heading, ask = approval_ask(event)
     return f"{heading}\n{ask}" if heading else ask
 
 
-def approval_ask(event: ApprovalRequested) -> tuple[str, str]:
+def approval_ask(event: ApprovalRequested | InputRequested) -> tuple[str, str]:
     """The question in two parts (markup): the tool's prompt or description (``""`` when it
-    has none), and the line that asks, ``approve CALL? [y/N] ``."""
+    has none), and the line that asks, ``approve CALL? [y/N] ``.  A request for input (an MCP
+    server's elicitation): its message and the fields of its schema, and a line that asks for
+    the answer as JSON, or ``n`` to decline, ``cancel`` to dismiss."""
+    if isinstance(event, InputRequested):
+        fields = ", ".join(
+            f"{name}: {spec.get('type', 'any')}"
+            for name, spec in (event.schema.get("properties") or {}).items()
+        )
+        heading = f"[dim]{escape(event.call.name)} asks:[/] {escape(event.message)}"
+        return heading, f"[bold]answer as JSON {{{escape(fields)}}}, n or cancel:[/] "
     call = escape(f"{event.call.name}({event.call.arguments})")
     about = event.prompt or event.description
     heading = f"[dim]{escape(about)}[/]" if about else ""

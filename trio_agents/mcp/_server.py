@@ -28,7 +28,18 @@ server; the session is marked broken and its task ends (closing what is left of 
 call opens a new session (a new process, a new HTTP session); consecutive failures to connect
 wait a bounded, doubling backoff (``backoff`` up to ``max_backoff`` seconds) first.
 
-Nothing here is persisted: the journal of a call (its intent, its result) is the agent loop's.
+What happens when the server asks for input (``elicitation/create``, during a call): the SDK
+runs our callback in a task of the session's.  An elicitation request names no ``tools/call``
+(not on stdio, and the SDK's client does not pass on the HTTP stream it came on), so it is
+given to the call in flight on the session when there is exactly one; with none or several it
+is refused at once with an error naming the reason (the server's tool gets the error).  The
+callback asks through the call's ``ask`` (the agent loop's: an ``input`` gate, journaled, that
+a person answers with ``runner.decide``) and sends the answer back as the elicitation's
+result.  A cancel of the invocation ends the wait (the gate ends ``cancelled``): the call is
+then cancelled as above (the server is told) before the invocation's task goes on.
+
+Nothing here is persisted: the journal of a call (its intent, its result) is the agent loop's,
+and so is an input gate's.
 """
 
 from __future__ import annotations
@@ -37,7 +48,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any, TextIO
@@ -47,7 +58,7 @@ import attrs
 import jsonschema  # type: ignore[import-untyped]
 import mcp_types
 import trio
-from mcp.client.session import ClientSession
+from mcp.client.session import ClientRequestContext, ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
@@ -55,7 +66,8 @@ from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 
 from .._exceptions import MCPServerError, UsageError
-from ..tools import _NAME_RE, Tool
+from ..agents._context import PauseRequested, StopRequested
+from ..tools import _NAME_RE, InputAnswer, Tool
 from ._tool import MCPTool, ToolPolicy
 
 __all__ = ["MCPServer"]
@@ -67,10 +79,26 @@ _Transport = Callable[[], AbstractAsyncContextManager[_Streams]]
 ToolFilter = Iterable[str] | Callable[[str], bool]
 
 
+AskFn = Callable[[str, Mapping[str, Any]], Awaitable[InputAnswer]]
+
+
+@attrs.define(eq=False)
+class _Flight:
+    """One ``tools/call`` in flight on a session: how to ask a person for its input, and the
+    scope of the call (cancelled when a cancel ends such a wait)."""
+
+    ask: AskFn | None
+    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    stop: Exception | None = None  # StopRequested / PauseRequested from an input wait
+    asking: trio.CancelScope | None = None  # the callback's, while it waits for a person
+    finished: trio.Event = attrs.field(factory=trio.Event)
+
+
 @attrs.define(eq=False)
 class _Connection:
     session: ClientSession
     scope: trio.CancelScope  # the holding task's: cancelling it closes the session
+    calls: list[_Flight]  # in flight now (the elicitation callback reads it)
     broken: bool = False
 
     def close(self) -> None:
@@ -251,9 +279,11 @@ class MCPServer:
         arguments: dict[str, Any],
         *,
         progress: Callable[[float, float | None, str | None], None] | None = None,
+        ask: AskFn | None = None,
     ) -> tuple[str, bool]:
         """Call the server's tool ``name``; return its answer as text and whether it is an
-        error result.  The server's ``notifications/progress`` for the call go to ``progress``.
+        error result.  The server's ``notifications/progress`` for the call go to ``progress``;
+        its ``elicitation/create`` requests to ``ask`` (see the module docstring).
 
         On cancel: the SDK sends ``notifications/cancelled``; then one ``ping`` round trip
         (shielded, at most ``cancel_confirm_timeout`` seconds) makes sure the server has
@@ -263,8 +293,31 @@ class MCPServer:
             MCPServerError: the server is not open, cannot be reached, or died during the
                 call (the next call opens a new session).
             trio.Cancelled: the call was cancelled (the server was told).
+            StopRequested, PauseRequested: a cancel or a pause ended a wait for input; the call
+                was cancelled (the server was told).
         """
         conn = await self._ready()
+        flight = _Flight(ask)
+        conn.calls.append(flight)
+        try:
+            with flight.scope:
+                return await self._send_call(conn, name, arguments, progress)
+            # Only an input wait's stop cancels flight.scope (the invocation's cancel passes).
+            assert flight.stop is not None
+            raise flight.stop
+        finally:
+            conn.calls.remove(flight)
+            if flight.asking is not None:  # the call ended first (a timeout): stop asking
+                flight.asking.cancel()
+            flight.finished.set()
+
+    async def _send_call(
+        self,
+        conn: _Connection,
+        name: str,
+        arguments: dict[str, Any],
+        progress: Callable[[float, float | None, str | None], None] | None,
+    ) -> tuple[str, bool]:
         try:
             result = await conn.session.call_tool(
                 name, arguments, progress_callback=_on_progress(progress)
@@ -283,6 +336,36 @@ class MCPServer:
         except Exception as exc:  # a result the SDK could not read, an unexpected reply
             return f"MCP server {self.name!r}, tool {name!r}: {type(exc).__name__}: {exc}", True
         return _text_of(result), bool(result.is_error)
+
+    async def _elicit(
+        self, calls: list[_Flight], params: mcp_types.ElicitRequestParams
+    ) -> mcp_types.ElicitResult | mcp_types.ErrorData:
+        """The session's elicitation callback (runs in a task of the session's)."""
+        if not isinstance(params, mcp_types.ElicitRequestFormParams):
+            return _refusal("this client answers form elicitations only, not URL mode")
+        if len(calls) != 1:
+            return _refusal(
+                f"{len(calls)} tool calls are in flight on this session and an elicitation "
+                "request does not say which one asks; it is answered only when exactly one is"
+            )
+        flight = calls[0]
+        if flight.ask is None:
+            return _refusal("this tool call has no one to ask")
+        with trio.CancelScope() as flight.asking:
+            try:
+                answer = await flight.ask(params.message, params.requested_schema)
+            except (StopRequested, PauseRequested) as exc:
+                # A cancel (or a pause) ended the wait: cancel the call, which tells the
+                # server, and answer only once it has (the server drops the answer then).
+                flight.stop = exc
+                flight.scope.cancel()
+                await flight.finished.wait()
+                return mcp_types.ElicitResult(action="cancel")
+            finally:
+                flight.asking = None
+        if answer.action == "accept":
+            return mcp_types.ElicitResult(action="accept", content=answer.content)
+        return mcp_types.ElicitResult(action="decline" if answer.action == "decline" else "cancel")
 
     async def _confirm_cancel(self, conn: _Connection) -> None:
         with trio.CancelScope(shield=True) as scope:
@@ -337,12 +420,21 @@ class MCPServer:
             with trio.CancelScope() as scope:
                 async with AsyncExitStack() as stack:
                     read, write = await stack.enter_async_context(self._transport())
-                    session = await stack.enter_async_context(ClientSession(read, write))
+                    calls: list[_Flight] = []
+
+                    async def elicit(
+                        context: ClientRequestContext, params: mcp_types.ElicitRequestParams
+                    ) -> mcp_types.ElicitResult | mcp_types.ErrorData:
+                        return await self._elicit(calls, params)
+
+                    session = await stack.enter_async_context(
+                        ClientSession(read, write, elicitation_callback=elicit)
+                    )
                     with trio.fail_after(self.connect_timeout):
                         await session.initialize()
                         listed = await _list_tools(session)
                     tools = self._build(listed)
-                    conn = _Connection(session=session, scope=scope)
+                    conn = _Connection(session=session, scope=scope, calls=calls)
                     task_status.started((conn, tools))
                     await trio.sleep_forever()
         except Exception as exc:
@@ -434,6 +526,12 @@ def _on_progress(
         report(progress, total, message)
 
     return on_progress
+
+
+def _refusal(why: str) -> mcp_types.ErrorData:
+    return mcp_types.ErrorData(
+        code=mcp_types.INVALID_REQUEST, message=f"elicitation declined by the client: {why}"
+    )
 
 
 def _text_of(result: mcp_types.CallToolResult) -> str:

@@ -154,7 +154,10 @@ class MCPTool(Tool[..., Any]):
     ) -> ToolResult:
         try:
             text, is_error = await self.server.call_tool(
-                self.remote_name, arguments, progress=context.report_progress
+                self.remote_name,
+                arguments,
+                progress=context.report_progress,
+                ask=context.request_input,
             )
         except MCPServerError as exc:
             return self._error(call, str(exc))

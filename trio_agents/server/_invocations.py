@@ -53,12 +53,14 @@ from starlette.routing import BaseRoute, Route
 
 from .. import approvals
 from .._exceptions import GateClosed, UsageError
+from ..agents._context import input_answer
 from ..events import (
     ApprovalRequested,
     CancelMode,
     CredentialRequested,
     Event,
     EventId,
+    InputRequested,
     InvocationEnded,
     InvocationStarted,
     ReasoningDelta,
@@ -287,7 +289,7 @@ async def cancel_invocation(request: Request) -> Response:
     return await cancel_and_answer(state, request, record, user)
 
 
-_REQUESTS = (ApprovalRequested, ResultRequested, CredentialRequested)
+_REQUESTS = (ApprovalRequested, ResultRequested, CredentialRequested, InputRequested)
 
 
 def _gate_id(event: Event) -> str:
@@ -328,6 +330,9 @@ async def list_approvals(request: Request) -> JSONResponse:
                 "reason": decision.reason if decision is not None else None,
             }
         )
+        if isinstance(event, InputRequested):  # a running call asks for input
+            items[-1]["message"] = event.message
+            items[-1]["schema"] = event.schema
     return JSONResponse({"invocation_id": record.id, "approvals": items})
 
 
@@ -344,11 +349,19 @@ async def decide(request: Request) -> JSONResponse:
         raise invalid("arguments", "an object (or its JSON text)", arguments)
     if arguments is not None and not approved:
         raise ApiError(422, "invalid_field", "field 'arguments' may only come with approved=true")
+    content = raw(body, "content")
+    if content is not None and not isinstance(content, dict):
+        raise invalid("content", "an object", content)
+    action = raw(body, "action")
+    if action is not None and action not in ("accept", "decline", "cancel"):
+        raise invalid("action", "'accept', 'decline' or 'cancel'", action)
     store = state.runner.store
     gates = approvals.tally(await store.load_events(record.id))
     gate = gates.get(approval_id)
+    if gate is not None and gate.kind == "input":  # a running call's request for input
+        return await _answer_input(state, record.id, approval_id, body, user, content, action)
     if gate is None or gate.kind != "approval":
-        asked = [g for g, info in gates.items() if info.kind == "approval"]
+        asked = [g for g, info in gates.items() if info.kind in ("approval", "input")]
         raise ApiError(
             404,
             "approval_not_found",
@@ -374,6 +387,46 @@ async def decide(request: Request) -> JSONResponse:
             "approval_id": approval_id,
             "recorded": recorded,
             "state": standing,
+        }
+    )
+
+
+async def _answer_input(
+    state: ServerState,
+    invocation_id: str,
+    request_id: str,
+    body: Any,
+    user: str | None,
+    content: dict[str, Any] | None,
+    action: str | None,
+) -> JSONResponse:
+    """``POST .../approvals/{id}`` for an ``input`` gate: ``approved`` with ``content``
+    accepts, ``approved: false`` declines, ``action: "cancel"`` dismisses."""
+    try:
+        recorded = await state.runner.decide(
+            invocation_id,
+            request_id,
+            approved=raw(body, "approved"),
+            reason=get_str(body, "reason"),
+            by=user,
+            content=content,
+            action=action,
+        )
+    except GateClosed:
+        raise  # 409 gate_closed
+    except UsageError as exc:  # content that breaks the schema, content with a decline
+        raise ApiError(422, "invalid_content", str(exc)) from None
+    found = [
+        d for d in await state.runner.store.decisions(invocation_id) if d.approval_id == request_id
+    ]
+    action_now, _ = input_answer(found[0]) if found else (None, None)
+    return JSONResponse(
+        {
+            "invocation_id": invocation_id,
+            "approval_id": request_id,
+            "recorded": recorded,
+            "state": found[0].state if found else "open",
+            "action": action_now,
         }
     )
 

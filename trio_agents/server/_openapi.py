@@ -298,6 +298,8 @@ def schemas(apps: list[str]) -> dict[str, Any]:
                 "approved": {"type": "boolean"},
                 "reason": {"type": "string"},
                 "arguments": {"type": ["object", "string"]},
+                "content": {"type": "object", "description": "an input gate's answer"},
+                "action": {"enum": ["accept", "decline", "cancel"]},
             },
         },
         "Decided": {
@@ -308,6 +310,7 @@ def schemas(apps: list[str]) -> dict[str, Any]:
                 "approval_id": {"type": "string"},
                 "recorded": {"type": "boolean"},
                 "state": {"type": "string"},
+                "action": {"type": ["string", "null"]},
             },
         },
         "Resume": {"type": "object", "properties": {"wait": {"type": "boolean"}}},
@@ -505,7 +508,7 @@ def document(apps: list[str]) -> dict[str, Any]:
         },
         "/invocations/{invocation_id}/approvals/{approval_id}": {
             "post": op(
-                "Approve or deny a tool call",
+                "Approve or deny a tool call, or answer its request for input",
                 {
                     "200": json_body(ref("Decided"), "recorded, or the decision that stands"),
                     **errors(400, 404, 409, 413, 415, 422),

@@ -778,6 +778,18 @@ function apply(entry, replaying) {
       settleCard(d.approval_id, d.state, d.by ? `by ${d.by}` : "", d.arguments);
       drawStatus();
       break;
+    case "input_requested": {
+      // A running tool (an MCP server's elicitation) asks a person: a card like an approval's.
+      inputCard(d);
+      const chip = turnBlock(d.path, d.turn).querySelector(`[data-call="${CSS.escape(d.call.id)}"]`);
+      if (chip) chip.querySelector(".tool-state").textContent = "waiting for input";
+      drawStatus();
+      break;
+    }
+    case "input_submitted":
+      settleCard(d.request_id, d.state, [d.action, d.by ? `by ${d.by}` : ""].filter(Boolean).join(" "), d.content ? JSON.stringify(d.content) : null);
+      drawStatus();
+      break;
     case "cancel_requested":
       // Asked here, in another tab, or by another client: the stop controls follow it.
       inv.stopping = strongest(inv.stopping, d.mode);
@@ -917,6 +929,71 @@ function approvalCard(d) {
   return card;
 }
 
+// A request for input: the server's message, a field per property of its schema (a JSON box
+// when the schema names none); Accept sends the content, Decline and Dismiss send none.
+function inputCard(d) {
+  const inv = ui.cur;
+  const props = (d.schema && d.schema.properties) || {};
+  const names = Object.keys(props);
+  const fields = new Map();
+  for (const name of names) {
+    const type = props[name].type;
+    const input = type === "boolean" ? h("input", { type: "checkbox", class: "input-field", dataset: { field: name } })
+      : h("input", { type: type === "number" || type === "integer" ? "number" : "text", class: "input-field mono", dataset: { field: name } });
+    fields.set(name, input);
+  }
+  const json = h("textarea", { class: "args-edit mono", rows: 4, spellcheck: "false", hidden: names.length > 0 });
+  json.value = "{}";
+  const error = h("div", { class: "card-error", hidden: true });
+  const content = () => {
+    if (!names.length) return JSON.parse(json.value);
+    const out = {};
+    for (const [name, input] of fields) {
+      const type = props[name].type;
+      if (type === "boolean") out[name] = input.checked;
+      else if (input.value === "") continue;
+      else out[name] = type === "number" || type === "integer" ? Number(input.value) : input.value;
+    }
+    return out;
+  };
+  const answer = async (action) => {
+    const body = { approved: action === "accept", action };
+    if (action === "accept") {
+      try { body.content = content(); } catch (e) {
+        error.textContent = `Not JSON: ${e.message}`;
+        error.hidden = false;
+        return;
+      }
+    }
+    error.hidden = true;
+    card.classList.add("busy");
+    try {
+      const got = await api("POST", `${invPath(inv.id)}/approvals/${enc(d.request_id)}`, body);
+      settleCard(d.request_id, got.state, got.recorded ? got.action || "" : "answered before", body.content ? JSON.stringify(body.content) : null);
+    } catch (err) {
+      error.textContent = describe(err);
+      error.hidden = false;
+      if (err instanceof Unreachable) linkLost(err);
+    } finally { card.classList.remove("busy"); }
+  };
+  const card = block(`approval:${d.request_id}`, () => h("div", { class: "card approval input open", dataset: { approvalId: d.request_id, kind: "input", call: d.call.id, path: d.path, turn: d.turn } },
+    h("div", { class: "card-title" }, h("span", { class: "badge open", text: "input" }), " ", h("b", { class: "mono", text: d.call.name })),
+    h("p", { class: "input-message", text: d.message }),
+    ...names.map((name) => h("label", { class: "small-text input-label" }, `${props[name].title || name} `, fields.get(name))),
+    json,
+    h("div", { class: "small-text muted final-label" }),
+    h("pre", { class: "final-args mono" }),
+    error,
+    h("div", { class: "card-actions" },
+      h("button", { class: "primary approve needs-server", type: "button", text: "Accept", onclick: () => answer("accept") }),
+      h("button", { class: "ghost deny needs-server", type: "button", text: "Decline", onclick: () => answer("decline") }),
+      h("button", { class: "ghost dismiss needs-server", type: "button", text: "Dismiss", onclick: () => answer("cancel") }),
+      h("span", { class: "card-state muted" }),
+    ),
+  ));
+  return card;
+}
+
 // A paused invocation's decisions wait in the store (no event yet): show them on the cards.
 async function syncApprovals() {
   const inv = ui.cur;
@@ -931,6 +1008,16 @@ async function syncApprovals() {
 function settleCard(gate, state, note, args) {
   const card = ui.blocks.get(`approval:${gate}`);
   if (!card) return;
+  if (card.dataset.kind === "input") {  // the call ran on: the card keeps the answer sent
+    card.classList.remove("open");
+    card.classList.add("settled");
+    card.dataset.state = state;
+    for (const el of card.querySelectorAll("button, textarea, input")) el.disabled = true;
+    card.querySelector(".final-label").textContent = args ? "Answered with" : "";
+    card.querySelector(".final-args").textContent = args ? pretty(args) : "";
+    card.querySelector(".card-state").replaceChildren(statusBadge(state), note ? ` ${note}` : "");
+    return;
+  }
   if (state !== "approved") {
     // Its tool call never ran: the chip says so (and why).
     const chip = ui.blocks.get(`turn:${ui.cur.run}:${card.dataset.path}:${card.dataset.turn}`)?.querySelector(`[data-call="${CSS.escape(card.dataset.call)}"]`);
