@@ -125,7 +125,7 @@ async def test_an_immediate_cancel_mid_stream_says_so_once_the_stream_is_closed(
         inv = await runner.start(Agent(name="h", model=model), "go")
         await trio.sleep(5.5)
         assert inv.cancel(reason="stop", by="ann")
-        assert "cancel_requested" not in [e.kind for e in inv.recorder.log]
+        assert "cancel_requested" not in [e.kind for e in inv.recorder.logged()]
         with trio.fail_after(60):
             outcome = await inv.wait()
         events = [e async for e in inv.events()]
@@ -152,7 +152,7 @@ async def test_an_immediate_cancel_during_a_tool_says_so_at_once(
         await trio.sleep(5)
         assert probe.started == ["lookup"]
         assert inv.cancel(reason="stop")
-        assert [e.kind for e in inv.recorder.log].count("cancel_requested") == 1
+        assert [e.kind for e in inv.recorder.logged()].count("cancel_requested") == 1
         with trio.fail_after(60):
             outcome = await inv.wait()
     assert outcome.status == "cancelled"

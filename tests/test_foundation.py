@@ -5,6 +5,7 @@ invocation, admission.  Each test here was a probe that failed before this layer
 
 from __future__ import annotations
 
+import gc
 import math
 import random
 from collections.abc import Sequence
@@ -19,6 +20,7 @@ from trio_agents.events import (
     MAX_EVENT_ID_PART,
     Event,
     InvocationEnded,
+    TextDelta,
     TurnFinished,
     parse_event_id,
 )
@@ -328,6 +330,29 @@ async def test_a_slow_reader_continues_from_the_store(autojump_clock: trio.abc.C
         stored = await runner.store.read_events(inv.id)
     assert late == stored
     assert "".join(e.text for e in late if e.kind == "text_delta") == "".join(words)
+
+
+async def test_the_live_log_keeps_deltas_the_collector_does_not_walk(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """The live log keeps each text delta as a tuple the garbage collector stops tracking (a
+    thousand streams keep a few hundred thousand deltas for their readers; a full collection,
+    a pause of the whole loop, must not grow with them), and a reader gets each back as the
+    event that was published."""
+    words = tuple(f"w{i} " for i in range(60))
+    agent = Agent(name="a", model=ScriptedModel([ScriptedTurn(chunks=words, delay=0.01)]))
+    async with Runner() as runner:
+        inv = await runner.start(agent, "go")
+        await trio.sleep(0.4)  # some 40 deltas streamed and kept for readers
+        gc.collect()
+        kinds = [e.kind for e in inv.recorder.logged()]
+        kept = [e for e, kind in zip(inv.recorder.log, kinds, strict=True) if kind == "text_delta"]
+        assert len(kept) >= 20
+        assert not any(gc.is_tracked(entry) for entry in kept)
+        live = [e async for e in inv.events()]  # from the live log, to the end
+        stored = await runner.store.read_events(inv.id)
+    assert live == stored
+    assert "".join(e.text for e in live if isinstance(e, TextDelta)) == "".join(words)
 
 
 # ---- sessions ----------------------------------------------------------------------------

@@ -24,7 +24,11 @@ The live log
     The published events, kept in memory for this process's readers, are bounded: events
     already in the store are dropped beyond ``log_limit`` (readers that fall behind continue
     from the store); events not yet stored are kept until they are (the writer stores them
-    within its flush interval).
+    within its flush interval).  A text or reasoning delta is kept as a plain tuple of its
+    fields and made an event again when a reader takes it (:meth:`Recorder.next_after`): a
+    tuple of strings and numbers is one the garbage collector stops tracking, so the deltas
+    a thousand streams keep for their readers (a few hundred thousand) do not lengthen every
+    full collection - a pause of the whole loop that commits in flight wait out.
 
 Cancel
     A durable write is shielded (:meth:`JournalWriter.write`): once an event is handed to the
@@ -45,7 +49,7 @@ import trio
 
 from ._exceptions import StoreError, StoreUnavailableError, UsageError
 from ._writer import CommitUncertain, JournalWriter
-from .events import Event, EventId, InvocationEnded, TextDelta
+from .events import Event, EventId, InvocationEnded, ReasoningDelta, TextDelta
 from .stores._base import JournalWrite, Lease, SessionEntry
 
 __all__ = ["PathText", "Recorder"]
@@ -58,8 +62,28 @@ ROOM_AT: Final = 4 * FLUSH_AT
 """Deltas not yet handed to the store past which :meth:`Recorder.room` makes the producer wait."""
 
 
-def _key(event: Event) -> EventId:
-    return (event.seq, event.sub)
+LogEntry = Event | tuple[int, int, str, float, str, int, str]
+"""What the live log holds: an event, or a delta as ``(seq, sub, kind, at, path, turn, text)``."""
+
+_DELTAS: Final[dict[str, type[TextDelta] | type[ReasoningDelta]]] = {
+    "text_delta": TextDelta,
+    "reasoning_delta": ReasoningDelta,
+}
+
+
+def _key(entry: LogEntry) -> EventId:
+    if type(entry) is tuple:
+        return entry[0], entry[1]
+    return entry.seq, entry.sub  # type: ignore[union-attr]
+
+
+def _entry(event: Event) -> LogEntry:
+    """How the live log keeps ``event``: a delta as a tuple the collector does not track."""
+    kind = type(event)
+    if kind is TextDelta or kind is ReasoningDelta:
+        delta: TextDelta | ReasoningDelta = event  # type: ignore[assignment]
+        return (delta.seq, delta.sub, delta.kind, delta.at, delta.path, delta.turn, delta.text)
+    return event
 
 
 class PathText:
@@ -120,7 +144,7 @@ class Recorder:
         self._writer = writer
         self.lease: Lease | None = None
         self.begin_at(head)
-        self.log: list[Event] = []
+        self.log: list[LogEntry] = []  # see "The live log" in the module docstring
         self.log_limit = log_limit
         self._trim_at = 2 * log_limit
         self.pending: list[Event] = []  # published, not yet stored
@@ -159,7 +183,25 @@ class Recorder:
         """The first logged event after ``cursor`` (which must be >= :attr:`floor`)."""
         log = self.log
         i = bisect.bisect_right(log, cursor, key=_key)
-        return log[i] if i < len(log) else None
+        return self._event(log[i]) if i < len(log) else None
+
+    def logged(self) -> list[Event]:
+        """The events the live log holds now, oldest first (for inspection)."""
+        return [self._event(entry) for entry in self.log]
+
+    def _event(self, entry: LogEntry) -> Event:
+        if type(entry) is not tuple:
+            return entry  # type: ignore[return-value]
+        seq, sub, kind, at, path, turn, text = entry
+        return _DELTAS[kind](
+            invocation_id=self.invocation_id,
+            seq=seq,
+            sub=sub,
+            at=at,
+            path=path,
+            turn=turn,
+            text=text,
+        )
 
     async def wait(self) -> None:
         """Park until the next event is published (or the log is closed)."""
@@ -218,7 +260,7 @@ class Recorder:
         if n == 1 or n >= FLUSH_AT:
             self._writer.mark_dirty(self, urgent=n >= FLUSH_AT)
         log = self.log
-        log.append(event)
+        log.append(_entry(event))
         if len(log) > self._trim_at:
             self._trim()
         if self._readers:
@@ -230,7 +272,7 @@ class Recorder:
 
     def _publish(self, event: Event) -> None:
         log = self.log
-        log.append(event)
+        log.append(_entry(event))
         if len(log) > self._trim_at:
             self._trim()
         if self._readers:
