@@ -160,6 +160,41 @@ async def test_commit_many_invocations_rejects_only_the_bad_writes(case: StoreCa
         assert await s.commit([]) == []
 
 
+async def test_a_write_refused_while_being_stored_rejects_only_it(case: StoreCase) -> None:
+    """A group commit checks its writes first, then stores them all with a few statements; a
+    write refused only as it is stored (a session entry whose seq is not after the one an
+    earlier write of the same commit appended) rolls those statements back, and the writes go
+    in one by one: that one is rejected in its slot, the others - before and after it - are
+    stored."""
+    with trio.fail_after(20):
+        s = case.store
+        leases = {i: await s.create_invocation(record(i), ttl=30) for i in "ac"}
+        leases["b"] = await s.create_invocation(attrs.evolve(record("b"), session_id="s-b"), ttl=30)
+        first = SessionEntry(seq=0, author="b", invocation_id="b")  # numbered 1
+        again = SessionEntry(seq=1, author="b", invocation_id="b")  # not after 1
+        writes = [
+            JournalWrite(
+                lease=leases["a"], events=(turn("a", 1),), deltas=deltas("a", 0, range(1, 3))
+            ),
+            JournalWrite(lease=leases["b"], events=(turn("b", 1),), session_entry=first),
+            JournalWrite(lease=leases["b"], events=(turn("b", 2),), session_entry=again),
+            JournalWrite(lease=leases["c"], events=(turn("c", 1), end("c", 2))),
+        ]
+        results = await s.commit(writes)
+        assert [type(r).__name__ if r else None for r in results] == [
+            None,
+            None,
+            "StoreError",
+            None,
+        ]
+        assert "not after" in str(results[2])
+        assert ids(await s.read_events("a")) == [(0, 1), (0, 2), (1, 0)]
+        assert ids(await s.read_events("b")) == [(1, 0)]
+        assert await head(s, "b") == (1, 0)
+        assert [e.seq for e in (await s.get_session("s-b")).entries] == [1]
+        assert (await s.get_invocation("c")).status == "completed"
+
+
 async def test_append_events_is_a_commit_of_one_write(case: StoreCase) -> None:
     """append_events raises the error a one-write commit would put in its slot."""
     with trio.fail_after(10):

@@ -68,6 +68,7 @@ class Tx:
     code_order = ' COLLATE "C"'
     modifying_with = True
     lateral = True
+    arrays = True
 
     def __init__(
         self, conn: Conn, clock: Callable[[], float] | None, channels: tuple[str, str]
@@ -109,11 +110,20 @@ class Tx:
     def notify_events(self, invocation_id: str) -> None:
         self._conn.execute("SELECT pg_notify(%s, %s)", (self._events_channel, invocation_id))
 
+    def notify_events_many(self, invocation_ids: Sequence[str]) -> None:
+        if invocation_ids:
+            self._conn.execute(
+                "SELECT pg_notify(%s, id) FROM unnest(%s::text[]) AS id",
+                (self._events_channel, list(invocation_ids)),
+            )
+
 
 def _check_text(params: Sequence[Any]) -> None:
     """Refuse a string PostgreSQL's text cannot hold (see the module docstring)."""
     for value in params:
-        if isinstance(value, str) and "\x00" in value:
+        if isinstance(value, list):  # an array (see Tx.arrays)
+            _check_text(value)
+        elif isinstance(value, str) and "\x00" in value:
             shown = repr(value) if len(value) <= 60 else f"{value[:50]!r}... ({len(value)} chars)"
             raise UsageError(
                 f"PostgreSQL text cannot hold the NUL character (U+0000), found in {shown}"

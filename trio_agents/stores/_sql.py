@@ -90,6 +90,7 @@ __all__ = [
     "CHUNK",
     "DECISION_COLUMNS",
     "MIGRATIONS",
+    "ROW_COLUMNS",
     "Tx",
     "append_change",
     "cancel_of",
@@ -272,7 +273,7 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     ),
 )
 
-_COLUMNS: Final = (
+ROW_COLUMNS: Final = (
     "id, agent, input, user_id, session_id, status, created_at, updated_at, owner, "
     "lease_epoch, lease_expires_at, last_seq, last_sub, owner_gen"
 )
@@ -381,7 +382,7 @@ def locked(tx: Tx, invocation_id: str) -> InvocationRecord:
 
 def _locked(tx: Tx, invocation_id: str) -> tuple[InvocationRecord, int]:
     rows = tx.rows(
-        f"SELECT {_COLUMNS} FROM invocations WHERE id = ?{tx.for_update}", (invocation_id,)
+        f"SELECT {ROW_COLUMNS} FROM invocations WHERE id = ?{tx.for_update}", (invocation_id,)
     )
     if not rows:
         raise InvocationNotFound(f"no invocation with id {invocation_id!r}")

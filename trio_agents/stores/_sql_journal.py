@@ -4,8 +4,14 @@ See :mod:`._sql` for how operations run.  :func:`commit` writes many invocations
 one transaction: it first locks every invocation row it will write (sorted by id across the
 whole commit), then the existing session rows it will append to (sorted by id) - the one lock
 order of the stores (:mod:`._sql`), so concurrent commits, renewals and gate ends cannot
-deadlock - and applies each write inside a ``SAVEPOINT``, rolled back if the write is
-rejected, so a rejected write changes nothing and the others commit.
+deadlock.  Then it checks every write against the rows it locked (the lease's fence, the ids:
+:func:`._records.check_write`), in order, and writes what passed with a few statements for
+the whole commit (each one many rows: ``executemany``, which psycopg pipelines), not a few per
+write: on PostgreSQL a commit of 500 writes took 550 ms written write by write, with its 500
+rows locked all along (a cancel request for one of them waited), against some 25 ms so.  A
+rejected write changes nothing and the others commit.  Should the database refuse one of the
+bulk statements (a check that only it makes), the bulk is rolled back to its ``SAVEPOINT``
+and the writes are applied one by one, each in a ``SAVEPOINT`` of its own, as before.
 
 Ephemeral events of one write are one ``event_batches`` row (see :mod:`._records` for its
 stored form); :func:`read_events` merges batches and journal rows in id order.
@@ -27,8 +33,8 @@ from ._base import (
     Lease,
     SessionEntry,
 )
-from ._records import check_write, decode_batch, decode_event_row, encode_batch
-from ._sql import Tx, cover, fenced, lock_in_order
+from ._records import check_write, decode_batch, decode_event_row, encode_batch, lease_taken
+from ._sql import ROW_COLUMNS, Tx, cover, fenced, lock_in_order, record_of
 from ._sql_sessions import append_entry, claim_session, ensure_session
 
 __all__ = [
@@ -158,16 +164,23 @@ def _store(tx: Tx, write: JournalWrite, record: InvocationRecord) -> None:
         tx.notify_events(invocation_id)
 
 
-def _lock_in_order(tx: Tx, writes: Sequence[JournalWrite]) -> None:
+def _lock_in_order(tx: Tx, writes: Sequence[JournalWrite]) -> dict[str, InvocationRecord]:
+    """Lock the writes' invocation rows, then the sessions they append to (the one order);
+    return the rows as stored, by id."""
+    records = {
+        row[0]: record_of(row)
+        for row in lock_in_order(
+            tx, "invocations", ROW_COLUMNS, (w.lease.invocation_id for w in writes)
+        )
+    }
     with_entries = {w.lease.invocation_id for w in writes if w.session_entry is not None}
     sessions = {
-        session_id
-        for invocation_id, session_id in lock_in_order(
-            tx, "invocations", "id, session_id", (w.lease.invocation_id for w in writes)
-        )
-        if session_id is not None and invocation_id in with_entries
+        record.session_id
+        for invocation_id, record in records.items()
+        if record.session_id is not None and invocation_id in with_entries
     }
     lock_in_order(tx, "sessions", "id", sessions)
+    return records
 
 
 class Rejected(Exception):
@@ -186,8 +199,136 @@ def commit(tx: Tx, writes: Sequence[JournalWrite]) -> list[CommitResult]:
         except (StoreError, UsageError) as exc:
             raise Rejected(exc) from exc
         return [None]
-    if tx.for_update:  # row locks: take them all first, in the one order (see the docstring)
-        _lock_in_order(tx, writes)
+    # Row locks (PostgreSQL; a plain read on SQLite): all of them first, in the one order.
+    records = _lock_in_order(tx, writes)
+    tx.run("SAVEPOINT journal_bulk")
+    try:
+        results = _apply_all(tx, writes, records)
+    except (StoreError, UsageError):  # refused by the database itself: write by write
+        tx.run("ROLLBACK TO SAVEPOINT journal_bulk")
+    else:
+        tx.run("RELEASE SAVEPOINT journal_bulk")
+        return results
+    return _apply_each(tx, writes)
+
+
+def _apply_all(
+    tx: Tx, writes: Sequence[JournalWrite], records: dict[str, InvocationRecord]
+) -> list[CommitResult]:
+    """Check each write against its row as the writes before it in ``writes`` left it (as
+    :func:`_apply` would, one after the other), then store all that passed together."""
+    results: list[CommitResult] = []
+    rows = dict(records)  # as the writes checked so far leave them
+    batches: list[tuple[Any, ...]] = []
+    events: list[tuple[Any, ...]] = []
+    updates: list[tuple[Any, ...]] = []
+    entries: list[tuple[str, str | None, SessionEntry, str]] = []
+    notified: dict[str, None] = {}
+    now = tx.now()
+    for write in writes:
+        lease = write.lease
+        invocation_id = lease.invocation_id
+        record = rows.get(invocation_id)
+        try:
+            if record is None:
+                raise InvocationNotFound(f"no invocation with id {invocation_id!r}")
+            if record.lease_epoch != lease.epoch or record.owner != lease.owner:
+                raise lease_taken(lease, record.owner, record.lease_epoch)
+            (last_seq, last_sub), status, owner = check_write(record, write)
+            if write.session_entry is not None and record.session_id is None:
+                raise UsageError(
+                    f"invocation {invocation_id!r} has no session_id; its session entry has "
+                    "nowhere to go and nothing was written"
+                )
+        except (StoreError, UsageError) as exc:
+            results.append(exc)
+            continue
+        results.append(None)
+        rows[invocation_id] = attrs.evolve(
+            record, last_seq=last_seq, last_sub=last_sub, status=status, owner=owner
+        )
+        if write.deltas:
+            first, last = write.deltas[0], write.deltas[-1]
+            batches.append(
+                (
+                    invocation_id,
+                    first.seq,
+                    first.sub,
+                    last.seq,
+                    last.sub,
+                    encode_batch(write.deltas),
+                )
+            )
+        events.extend((invocation_id, e.seq, e.kind, encode(e)) for e in write.events)
+        if write.session_entry is not None and record.session_id is not None:
+            entries.append((record.session_id, record.user_id, write.session_entry, invocation_id))
+        updates.append((last_seq, last_sub, status, owner, now, invocation_id))
+        if write.deltas or write.events:
+            notified[invocation_id] = None
+    _insert_batches(tx, batches)
+    if events:
+        tx.run_many(
+            "INSERT INTO events (invocation_id, seq, kind, data) VALUES (?, ?, ?, ?)", events
+        )
+    for session_id, user_id, entry, invocation_id in entries:  # in order: entries are numbered
+        ensure_session(tx, session_id, user_id)
+        append_entry(tx, session_id, entry, invocation_id=invocation_id)
+    _update_heads(tx, updates)
+    ended = [(u[5],) for u in updates if u[2] != "running"]
+    if ended:
+        tx.run_many("DELETE FROM cancel_requests WHERE invocation_id = ?", ended)
+    closed = [(u[5],) for u in updates if u[2] not in ("running", "paused")]
+    if closed:  # no gate can take a credential up any more
+        tx.run_many("DELETE FROM gate_secrets WHERE invocation_id = ?", closed)
+    tx.notify_events_many(list(notified))
+    return results
+
+
+def _insert_batches(tx: Tx, rows: Sequence[tuple[Any, ...]]) -> None:
+    """Insert ``event_batches`` rows: on PostgreSQL in one statement, from arrays."""
+    if not rows:
+        return
+    if not tx.arrays:
+        tx.run_many(
+            "INSERT INTO event_batches (invocation_id, first_seq, first_sub, last_seq, last_sub,"
+            " data) VALUES (?, ?, ?, ?, ?, ?)",
+            rows,
+        )
+        return
+    tx.run(
+        "INSERT INTO event_batches (invocation_id, first_seq, first_sub, last_seq, last_sub, data)"
+        " SELECT * FROM unnest(?::text[], ?::bigint[], ?::bigint[], ?::bigint[], ?::bigint[],"
+        " ?::text[])",
+        [list(column) for column in zip(*rows, strict=True)],
+    )
+
+
+def _update_heads(tx: Tx, updates: Sequence[tuple[Any, ...]]) -> None:
+    """Set each invocation's head, status, owner and ``updated_at``
+    (``(last_seq, last_sub, status, owner, updated_at, id)``; of two for one id, the last):
+    on PostgreSQL in one statement, from arrays."""
+    last = list({u[5]: u for u in updates}.values())
+    if not last:
+        return
+    if not tx.arrays:
+        tx.run_many(
+            "UPDATE invocations SET last_seq = ?, last_sub = ?, status = ?, owner = ?,"
+            " updated_at = ? WHERE id = ?",
+            last,
+        )
+        return
+    tx.run(
+        "UPDATE invocations SET last_seq = v.last_seq, last_sub = v.last_sub,"
+        " status = v.status, owner = v.owner, updated_at = v.updated_at"
+        " FROM unnest(?::bigint[], ?::bigint[], ?::text[], ?::text[], ?::double precision[],"
+        " ?::text[]) AS v (last_seq, last_sub, status, owner, updated_at, id)"
+        " WHERE invocations.id = v.id",
+        [list(column) for column in zip(*last, strict=True)],
+    )
+
+
+def _apply_each(tx: Tx, writes: Sequence[JournalWrite]) -> list[CommitResult]:
+    """The writes one by one, each in a ``SAVEPOINT`` rolled back if it is rejected."""
     results: list[CommitResult] = []
     for write in writes:
         tx.run("SAVEPOINT journal_write")

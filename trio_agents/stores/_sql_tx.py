@@ -42,6 +42,10 @@ class Tx(Protocol):
     """Whether a ``WITH`` clause may hold an ``UPDATE`` (PostgreSQL), so one statement can
     change a row and insert what it returned."""
 
+    arrays: bool
+    """Whether a parameter may be a list, an array ``unnest()`` turns into rows (PostgreSQL):
+    one statement, its text always the same, writes many rows each its own way."""
+
     lateral: bool
     """Whether a ``JOIN LATERAL`` runs (PostgreSQL): a subquery per row of the outer table,
     so a join probes an index once per outer row whatever the planner estimates."""
@@ -71,4 +75,8 @@ class Tx(Protocol):
 
     def notify_events(self, invocation_id: str) -> None:
         """Wake :meth:`Store.wait_for_events` of this invocation (any process), on commit."""
+        ...
+
+    def notify_events_many(self, invocation_ids: Sequence[str]) -> None:
+        """:meth:`notify_events` of each of ``invocation_ids``, in one statement."""
         ...

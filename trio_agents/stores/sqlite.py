@@ -142,6 +142,7 @@ class _Tx:
     code_order = ""  # BINARY: UTF-8 bytes, code point order
     modifying_with = False
     lateral = False
+    arrays = False
 
     def __init__(self, conn: sqlite3.Connection, clock: Callable[[], float]) -> None:
         self.began = time.monotonic()
@@ -167,6 +168,9 @@ class _Tx:
         pass  # waiters poll: see SQLiteStore.wait_for_requests
 
     def notify_events(self, invocation_id: str) -> None:
+        pass  # waiters poll: see SQLiteStore.wait_for_events
+
+    def notify_events_many(self, invocation_ids: Sequence[str]) -> None:
         pass  # waiters poll: see SQLiteStore.wait_for_events
 
 
