@@ -34,6 +34,44 @@ What is persisted first
     journaled complete is cut off while its audio still plays, a second ``turn_finished`` of
     the same turn (interrupted) replaces it: :func:`live_transcript` reads the journal so.
 
+The session's conversation
+    A live session opened on a session (``session_id``; ``/run_live`` always names one) is
+    part of that session's conversation, turn by turn, as a text turn's question and answer
+    are: a later text turn (``runner.start(agent, ..., session_id=...)``, a turn loop, the
+    chat, the dev UI) sees what was said live, and a live session opened on a session sees
+    what was said before it.
+
+    *Who writes.*  The session's loop, and nothing else: each journal event that is part of
+    the conversation carries its :class:`~trio_agents.stores.SessionEntry`, stored by the same
+    store transaction (``JournalWrite.session_entry``).  A ``user_turn`` carries the person's
+    entry; a ``turn_finished`` the model's (an interrupted one holds only the heard part,
+    ``interrupted`` and the barge-in's reason, as an interrupted text answer is marked); a
+    ``tool_call_finished`` a tool-results entry.  Every entry carries its live turn
+    (``SessionEntry.turn``): an interrupted record of a turn that was journaled complete (its
+    audio was still playing) replaces it in the conversation, as it does in the journal.  The
+    invocation writes neither the opening entry an invocation writes (its input,
+    ``"(live session)"``, is nothing the person said) nor a closing answer.
+
+    *What is persisted first, and a crash.*  The event and its entry are one transaction,
+    stored before the client is shown anything of them: both are stored or neither.  There is
+    no moment between a turn's journal write and its session entry, so a crash (or a cancel)
+    cannot leave one without the other.
+
+    *Exactly once.*  An event is journaled once: a resume replays the journal and journals
+    only what happens after it, and a write whose fate a cancel left unknown is checked
+    against the store's head before anything else is written.  So is its entry: a resumed
+    session adds no entry twice.
+
+    *On cancel.*  The response under way when the invocation is cancelled, fails (its socket
+    dropped) or dies with its process is not journaled, so it is not in the session either
+    (a barge-in journals the heard part: it is).  A tool call with no journaled result (cut
+    off by a barge-in or by the end) is paired, where the conversation is read
+    (:func:`~trio_agents._outcome.history_of`), with a result saying it was cut off.
+
+    *Opening.*  The realtime model is given the session's conversation first - the earlier
+    invocations' turns, text or live, as the next text turn's model would see them - then, on
+    a resume, this session's own journaled transcript.
+
 Resume anywhere
     A session whose socket dropped (the invocation ends ``failed``: the socket closed), that
     was cancelled, or whose process died (its lease lapses) is resumed with
