@@ -24,7 +24,8 @@ from trio_agents.testing.realtime import (
     open_fake_realtime_server,
 )
 
-from .test_server_live import open_live, open_live_server
+from ._server import open_client
+from .test_server_live import open_live, open_live_server, refused
 
 WORDS = ("one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
 Frame = dict[str, Any]
@@ -164,3 +165,76 @@ async def test_a_slow_client_is_cut_off_with_a_reason() -> None:
             assert status == "cancelled"
             assert code == 1008
             assert "client too slow" in reason
+
+
+def text(role: str, said: str) -> Frame:
+    """A session entry's ADK content of one text part."""
+    return {"role": role, "parts": [{"text": said}]}
+
+
+def said(session: Frame) -> list[tuple[str, Any, bool, int | None]]:
+    """The session's entries, a turn recorded again (complete, then cut while its audio still
+    played, if the answer finished arriving before the cut) by its latest record only."""
+    latest: dict[Any, tuple[str, Any, bool, int | None]] = {}
+    for e in session["events"]:
+        latest.pop(e["turn"], None)  # the later record goes last
+        latest[e["turn"]] = (e["author"], e["content"], e["interrupted"], e["turn"])
+    return list(latest.values())
+
+
+async def test_the_live_turns_are_the_session_s_messages_and_only_its_own_session_resumes() -> None:
+    """The person's messages and the model's answers - one cut by a ``cancel`` frame (the
+    frame that cancels a turn loop's turn: a barge-in here) at the 200 ms played - are the
+    session's entries in ``GET .../sessions/s1``, each with its turn, the cut one marked
+    interrupted with only what was heard.  A ``cancel`` frame asking another mode is
+    refused naming the problem.  Resuming the session (cancelled: the client left) under
+    another session is refused like an unknown session; under its own it resumes (the same
+    invocation) and adds no entry."""
+    replies = [RealtimeReply(words=("hi",)), RealtimeReply(words=WORDS * 30, chunk_ms=100)]
+    with trio.fail_after(20):
+        async with bridge(replies) as (_server, base, _state, runner):
+            async with open_live(base, app_name="voice") as ws:
+                ready = json.loads(await ws.get_message())
+                await ws.send_message(json.dumps({"type": "message", "text": "hello"}))
+                await frames_until(ws, "done")
+                await ws.send_message(json.dumps({"type": "message", "text": "count"}))
+                seen = await frames_until(ws, "audio")
+                seen += await frames_until(ws, "audio")
+                seen += await frames_until(ws, "audio")
+                item = seen[-1]["item_id"]
+                await ws.send_message(json.dumps({"type": "played", "item_id": item, "ms": 200}))
+                await ws.send_message(json.dumps({"type": "cancel", "mode": "after_turn"}))
+                error = (await frames_until(ws, "error"))[-1]
+                assert error["code"] == "bad_field"
+                assert "'immediate'" in error["message"]
+                await ws.send_message(json.dumps({"type": "cancel", "reason": "stop it"}))
+                cut = (await frames_until(ws, "interrupted"))[-1]
+                assert (cut["heard"], cut["reason"]) == ("one two", "stop it")
+            invocation_id = ready["invocation_id"]
+            assert await ended(runner, invocation_id) == "cancelled"
+            http = base.replace("ws://", "http://")
+            async with open_client(http) as client:
+                session = (await client.get("/apps/voice/users/alice/sessions/s1")).json()
+            assert said(session) == [
+                ("user", text("user", "hello"), False, 1),
+                ("voice", text("model", "hi"), False, 2),
+                ("user", text("user", "count"), False, 3),
+                ("voice", text("model", "one two"), True, 4),
+            ]
+            assert session["events"][-1]["reason"] == "stop it"
+            assert {e["invocationId"] for e in session["events"]} == {invocation_id}
+
+            status, error = await refused(
+                base, app_name="voice", session_id="s2", resume=invocation_id
+            )
+            assert (status, error["code"]) == (404, "session_not_found")
+            async with open_live(base, app_name="voice", resume=invocation_id) as ws:
+                again = json.loads(await ws.get_message())
+                assert again == {"type": "ready", "invocation_id": invocation_id}
+                await ws.send_message(json.dumps({"type": "stop"}))
+                assert (await closed(ws))[0] == 1000
+            # (Closed once the session ended: the store says how.)
+            assert (await runner.store.get_invocation(invocation_id)).status == "completed"
+            async with open_client(http) as client:
+                after = (await client.get("/apps/voice/users/alice/sessions/s1")).json()
+            assert said(after) == said(session)

@@ -643,9 +643,17 @@ V2_ENTRY = (
 )
 
 
+V3_ENTRY = (
+    '{"v":3,"seq":4,"author":"ops","invocation_id":"i3","message":{"kind":"assistant",'
+    '"text":"done"},"state_delta":{},"at":1.0,"status":"completed","interrupted":false,'
+    '"reason":null,"exchange":[]}'
+)
+
+
 async def test_entry_fields_round_trip_and_v1_entries_read(case: StoreCase) -> None:
-    """status, interrupted and reason are stored (entry version 2, and the exchange since
-    version 3); version-1 and version-2 entries still read with their defaults."""
+    """status, interrupted and reason are stored (entry version 2, the exchange since
+    version 3, a live session's turn since version 4); version-1 to version-3 entries still
+    read with their defaults."""
     with trio.fail_after(10):
         s = case.store
         await s.create_session("s1")
@@ -658,6 +666,7 @@ async def test_entry_fields_round_trip_and_v1_entries_read(case: StoreCase) -> N
             interrupted=True,
             reason="user left",
             at=5.0,
+            turn=7,
         )
         session = await s.append_session_entry("s1", entry)
         assert session.entries == (attrs.evolve(entry, seq=1),)
@@ -666,10 +675,15 @@ async def test_entry_fields_round_trip_and_v1_entries_read(case: StoreCase) -> N
         v1 = decode_entry(V1_ENTRIES[0], session_id="s1", seq=1)
         assert (v1.status, v1.interrupted, v1.reason) == (None, False, None)
         v2 = decode_entry(V2_ENTRY, session_id="s1", seq=3)
-        assert (v2.status, v2.interrupted, v2.exchange) == ("cancelled", True, ())
+        assert (v2.status, v2.interrupted, v2.exchange, v2.turn) == ("cancelled", True, (), None)
+        v3 = decode_entry(V3_ENTRY, session_id="s1", seq=4)
+        assert (v3.status, v3.turn) == ("completed", None)
+        with pytest.raises(CorruptRecordError, match="unexpected fields"):
+            decode_entry(V3_ENTRY.replace('"v":3', '"v":4'), session_id="s1", seq=4)
         if case.kind != "memory":
             rows = await case.raw("SELECT data FROM session_entries WHERE seq = 1")
-            assert json.loads(rows[0][0])["v"] == 3
+            assert json.loads(rows[0][0])["v"] == 4
+            assert json.loads(rows[0][0])["turn"] == 7
             await case.raw(
                 ("INSERT INTO session_entries (session_id, seq, data) VALUES (?, ?, ?)",
                  ("s1", 2, V1_ENTRIES[1])),

@@ -60,6 +60,7 @@ class Served:
     url: str
     ptt: FakeRealtimeServer  # app "voice-ptt": turns are the page's commits
     vad: FakeRealtimeServer  # app "voice-vad": the server detects turns
+    drop: FakeRealtimeServer  # app "voice-drop": drops the socket mid-answer, then answers
     token: trio.lowlevel.TrioToken
 
     def call(self, fn: Callable[[], Awaitable[T]]) -> T:
@@ -84,6 +85,10 @@ async def _serve(ready: queue.Queue[Served | BaseException], stop: trio.Event) -
         open_fake_realtime_server(
             [RealtimeReply(words=STORY[:40], speech_started_after=20)], pace=0.25
         ) as vad,
+        open_fake_realtime_server(
+            [RealtimeReply(words=STORY[:40], drop_after=3), RealtimeReply(words=("back",))],
+            pace=0.25,
+        ) as drop,
         Runner() as runner,
         trio.open_nursery() as nursery,
     ):
@@ -99,12 +104,18 @@ async def _serve(ready: queue.Queue[Served | BaseException], stop: trio.Event) -
                 name="voice-vad",
                 model=OpenAIRealtime("gpt-realtime", base_url=vad.url, api_key="sk-fake"),
             ),
+            LiveAgent(
+                name="voice-drop",
+                model=OpenAIRealtime(
+                    "gpt-realtime", base_url=drop.url, api_key="sk-fake", turn_detection=None
+                ),
+            ),
         ]
         app = create_app(agents, runner=runner, tokens=TOKENS, ui=True)
         bound: list[str] = await nursery.start(
             partial(serve, app, host="127.0.0.1", port=0, shutdown_trigger=stop.wait)
         )
-        ready.put(Served(bound[0], ptt, vad, trio.lowlevel.current_trio_token()))
+        ready.put(Served(bound[0], ptt, vad, drop, trio.lowlevel.current_trio_token()))
 
 
 def _thread_main(ready: queue.Queue[Served | BaseException], stop: list[trio.Event]) -> None:
@@ -254,7 +265,7 @@ def test_push_to_talk_streams_the_microphone_and_interrupt_truncates_at_the_play
     listed = page.request.get(
         f"{served.url}/ui/live-apps", headers={"Authorization": f"Bearer {ALICE}"}
     )
-    assert listed.json() == ["voice-ptt", "voice-vad"]
+    assert listed.json() == ["voice-drop", "voice-ptt", "voice-vad"]
     assert page.request.get(f"{served.url}/ui/live-apps").status == 401
     connect(page, served.url, "voice-ptt")
     expect(page.locator("#live-talk")).to_be_hidden()
@@ -371,4 +382,64 @@ def test_voice_detection_barge_in_at_phone_width(
     page.reload()
     expect(page.locator(".bubble.user")).to_have_text(["tell me a story"])
     expect(page.locator(".bubble.assistant .text")).to_have_text([heard])
+    page.context.close()
+
+
+def restored_items(fake: FakeRealtimeServer, connection: int) -> list[tuple[str, str]]:
+    """The messages the page's session put into the conversation of ``connection``."""
+    return [
+        (e.data["item"]["role"], e.data["item"]["content"][0]["text"])
+        for e in fake.received
+        if e.connection == connection and e.type == "conversation.item.create"
+    ]
+
+
+def test_a_live_session_whose_socket_dropped_is_resumed_from_the_page(
+    served: Served, browser: Browser, errors: list[str]
+) -> None:
+    """The upstream socket drops mid-answer: the session ends failed, the page says why and
+    offers Resume; reloaded, the session is drawn from its journal and still offers Resume
+    (the session's newest live session failed); Resume reopens the same live session on a new
+    upstream socket, the person's turn put back into its conversation first, and it goes on
+    with the transcript intact.  Stopped (completed), it offers Resume no more."""
+    page = open_page(browser, errors)
+    connect(page, served.url, "voice-drop")
+    resume = page.locator("#live-resume")
+    expect(resume).to_be_hidden()
+    page.click("#live-start")
+    expect(page.locator("#live-state")).to_have_text("live: hold Talk to speak")
+    invocation = page.locator("#live").get_attribute("data-invocation")
+    assert invocation
+    page.fill("#message", "tell me a story")
+    page.press("#message", "Enter")
+    expect(page.locator("#live-state")).to_contain_text(
+        "the session failed: [openai-realtime] the realtime socket closed"
+    )
+    served.call(lambda: served.drop.wait_closed())
+    expect(resume).to_be_visible()
+    expect(resume).to_have_attribute("data-invocation", invocation)
+    expect(page.locator("#live-start")).to_be_visible()
+
+    page.reload()
+    expect(page.locator(".bubble.user")).to_have_text(["tell me a story"])
+    expect(resume).to_be_visible()
+    resume.click()
+    expect(page.locator("#live-state")).to_have_text("live: hold Talk to speak")
+    expect(page.locator("#live")).to_have_attribute("data-invocation", invocation)
+    expect(resume).to_be_hidden()
+    # The first socket's one item (the person's message), then the second's restored one.
+    served.call(lambda: served.drop.wait_for("conversation.item.create", 2))
+    restored = served.read(lambda: restored_items(served.drop, 2))
+    assert restored[0] == ("user", "tell me a story"), restored
+    assert [role for role, _ in restored[1:]] in ([], ["assistant"]), restored  # what was heard
+    page.fill("#message", "are you back?")
+    page.press("#message", "Enter")
+    expect(page.locator(".bubble.assistant.live .text").last).to_have_text("back")
+    expect(page.locator(".bubble.user")).to_have_text(["tell me a story", "are you back?"])
+    page.click("#live-stop")
+    expect(page.locator("#live-state")).to_have_text("live session ended")
+    expect(resume).to_be_hidden()
+    page.reload()
+    expect(page.locator(".bubble.user")).to_have_text(["tell me a story", "are you back?"])
+    expect(resume).to_be_hidden()
     page.context.close()

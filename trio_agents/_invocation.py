@@ -7,7 +7,9 @@ runner itself.  The agent sees it through :class:`~._run_context.InvocationConte
 Start (durable before it returns)
     ``_open`` runs in the caller's task: it writes the invocation record, its ``started`` event
     and the user's message in the session in one transaction (a resume: takes the lease and
-    journals ``started``); only then does the runner start ``_main`` in its nursery.  A
+    journals ``started``); only then does the runner start ``_main`` in its nursery.  (An
+    agent that writes its session's turns itself, :func:`writes_turns`, gets no user message
+    in the session: its turns are its entries.)  A
     failure there (``SessionBusy``, ``LeaseError``, a store error) is raised to the caller of
     ``start`` and leaves nothing behind; so does a cancel of the caller (the store's write is
     one transaction).  A resume that finds a cancel request the store accepted before it took
@@ -87,6 +89,13 @@ NO_USAGE: Final = Usage()  # frozen: one for every invocation that has used noth
 LEASE_MARGIN: Final = 1 / 6
 """The part of ``lease_ttl`` an invocation keeps in hand: it stops itself that long before
 its lease would expire."""
+
+
+def writes_turns(agent: AgentLike) -> bool:
+    """Whether ``agent`` writes its session's conversation itself, turn by turn, each entry
+    with the journal event it mirrors (a live session: see :mod:`trio_agents.live`): then its
+    invocation writes neither the opening entry (its input) nor the closing one (its answer)."""
+    return getattr(agent, "writes_session_turns", False) is True
 
 
 def lease_deadline(lease: Lease, sent_at: float, lease_ttl: float) -> float:
@@ -250,7 +259,10 @@ class Invocation:
         self._history: list[Message] = []
         # The journal's turns and tool events, for the session's answer when the run does
         # not complete (exchange_of): kept for an invocation of a session only.
-        self._noted: list[Event] | None = [] if session_id is not None else None
+        # (Not for one that writes its turns to the session itself: a live session's.)
+        self._noted: list[Event] | None = (
+            [] if session_id is not None and not writes_turns(agent) else None
+        )
         self.recorder = Recorder(
             invocation_id, writer=env.writer, head=(0, 0), log_limit=env.log_limit
         )
@@ -592,7 +604,7 @@ class Invocation:
                 owner=env.owner,
             )
             entry = None
-            if self.session_id is not None:
+            if self.session_id is not None and not writes_turns(self.agent):
                 entry = SessionEntry(
                     seq=0,
                     author="user",
@@ -722,7 +734,7 @@ class Invocation:
             "gates": {g: info.state for g, info in self._gate_tally.items()},
         }
         entry = None
-        if self.session_id is not None:
+        if self.session_id is not None and not writes_turns(self.agent):
             # The next turn's model sees this answer; a turn cut off says so even when it had
             # said nothing yet, and names the gates the cancel closed.
             said = reason

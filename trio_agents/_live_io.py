@@ -227,7 +227,13 @@ class LiveSession:
         self._link.played[item_id] = max(self._link.played.get(item_id, 0.0), float(ms))
 
     async def cancel_turn(self, reason: str = "interrupted by the person") -> None:
-        """Barge in: stop the model's response (the session goes on)."""
+        """Barge in: stop the model's response (the session goes on), as
+        :meth:`TurnLoop.cancel_turn <trio_agents.turnloop.TurnLoop.cancel_turn>` stops a turn
+        loop's turn.  ``response.cancel`` if it is still being generated, then a truncate at
+        the position reported played; the model's turn is journaled (and in the session) with
+        only what was heard, marked interrupted with ``reason``.  A tool call under way
+        follows the agent's ``barge_in``.  Over ``/run_live`` it is the ``interrupt`` (or
+        ``cancel``) frame.  To end the whole session, cancel its invocation."""
         await self._link.inbox_send.send(_Interrupt(reason))
 
     async def receive(self) -> LiveOutput:

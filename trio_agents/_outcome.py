@@ -17,14 +17,22 @@ from typing import TYPE_CHECKING
 import attrs
 
 from .agents._context import PauseRequested, StopRequested
+from .agents._transcript import CUT_OFF
 from .events import CancelMode, ErrorInfo, Status
-from .messages import AssistantMessage, Message, Usage
+from .messages import (
+    AssistantMessage,
+    Message,
+    ToolCall,
+    ToolResult,
+    ToolResultMessage,
+    Usage,
+)
 
 if TYPE_CHECKING:
     from ._recorder import PathText
     from .stores._base import SessionEntry
 
-__all__ = ["Outcome", "cut_off", "history_of", "leaf", "partial_output", "signals"]
+__all__ = ["Outcome", "cut_off", "history_of", "leaf", "paired", "partial_output", "signals"]
 
 
 @attrs.frozen(kw_only=True)
@@ -107,14 +115,30 @@ def leaf(exc: BaseException) -> BaseException:
 
 
 def history_of(entries: Iterable[SessionEntry], invocation_id: str) -> list[Message]:
-    """The conversation a session's entries hold, for the model: each earlier invocation's
-    question and its latest answer; an interrupted answer is marked so, after the tool calls
-    it made, each with its result or a note that it was cut off (``SessionEntry.exchange``)."""
+    """The conversation a session's entries hold, for the model (but for ``invocation_id``'s
+    own entries): each earlier invocation's question and its latest answer; an interrupted
+    answer is marked so, after the tool calls it made, each with its result or a note that it
+    was cut off (``SessionEntry.exchange``).
+
+    A live session's entries (``SessionEntry.turn`` set) are its turns, one entry each: the
+    latest entry of a model turn is kept, in the place of the first; its tool calls are
+    answered by the tool-results entries after it, and an entry of it without a turn (an
+    ending another process wrote for it) adds nothing.  Every tool call is followed by a result
+    (a call with none is answered as cut off, a result with no call waiting is left out), so
+    the conversation is one a provider accepts."""
     groups: list[list[Message]] = []
-    answers: dict[str, int] = {}  # invocation id -> index of its answer's group
+    answers: dict[tuple[str, int | None], int] = {}  # (invocation, turn) -> its answer's group
+    by_turns: set[str] = set()  # invocations whose entries are their turns
     for entry in entries:
         if entry.invocation_id == invocation_id or entry.message is None:
             continue
+        if entry.invocation_id is not None:
+            if entry.turn is not None:
+                by_turns.add(entry.invocation_id)
+            elif entry.invocation_id in by_turns:
+                # An ending written for it by another process (a paused or orphaned live
+                # session ended from outside): its turns said it all already.
+                continue
         message = entry.message
         if entry.interrupted and isinstance(message, AssistantMessage):
             note = f"[interrupted: {entry.reason}]" if entry.reason else "[interrupted]"
@@ -123,13 +147,46 @@ def history_of(entries: Iterable[SessionEntry], invocation_id: str) -> list[Mess
             )
         group = [*entry.exchange, message]
         if isinstance(message, AssistantMessage) and entry.invocation_id is not None:
-            index = answers.get(entry.invocation_id)
-            if index is not None:  # a resumed invocation answered again: keep the latest
+            key = (entry.invocation_id, entry.turn)
+            index = answers.get(key)
+            if index is not None:  # answered again (a resume; a live turn cut): the latest
                 groups[index] = group
                 continue
-            answers[entry.invocation_id] = len(groups)
+            answers[key] = len(groups)
         groups.append(group)
-    return [message for group in groups for message in group]
+    return paired([message for group in groups for message in group])
+
+
+def paired(messages: Iterable[Message]) -> list[Message]:
+    """``messages`` with every assistant message's tool calls followed at once by one result
+    message holding a result for each (the results that follow, merged; a call with none is
+    answered as cut off) and no result whose call is not waiting for one."""
+    out: list[Message] = []
+    waiting: dict[str, ToolCall] = {}  # the calls of the last assistant message, unanswered
+    results: list[ToolResult] = []
+
+    def answer() -> None:
+        if not waiting and not results:
+            return
+        for call in waiting.values():
+            content = CUT_OFF.format(name=call.name, why="interrupted")
+            results.append(
+                ToolResult(call_id=call.id, name=call.name, content=content, is_error=True)
+            )
+        out.append(ToolResultMessage(results=tuple(results)))
+        waiting.clear()
+        results.clear()
+
+    for message in messages:
+        if isinstance(message, ToolResultMessage):
+            results.extend(r for r in message.results if waiting.pop(r.call_id, None))
+            continue
+        answer()
+        out.append(message)
+        if isinstance(message, AssistantMessage):
+            waiting.update((c.id, c) for c in message.tool_calls)
+    answer()
+    return out
 
 
 def joined(partials: Mapping[str, str]) -> str:

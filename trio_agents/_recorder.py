@@ -418,10 +418,17 @@ class Recorder:
         ``trio.Cancelled`` when a cancel came before the event was stamped (nothing stored): a
         cancel never lets an event that it came before into the journal.
         """
+        return await self.record_in_session(cls, None, fields)
+
+    async def record_in_session(
+        self, cls: type[E], session_entry: SessionEntry | None, fields: dict[str, Any]
+    ) -> E:
+        """:meth:`record`, with ``session_entry`` (if any) appended to the invocation's
+        session in the event's own transaction: both are stored, or neither."""
         lock = await self._take_write_lock()
         try:
             event = self.stamp_durable(cls, **fields)
-            await self._write(event, None, deadline=float("inf"))
+            await self._write(event, session_entry, deadline=float("inf"))
         finally:
             lock.release()
         idle = self._lock

@@ -32,7 +32,7 @@ from .events import (
 from .hooks import InvocationHooks, ModelCall, ModelCallEnd, StepCall, StepCallEnd
 from .messages import Message, ModelRequest, ModelResponse, ToolCall, ToolResult, Usage
 from .models._base import Model
-from .stores._base import ApprovalDecision
+from .stores._base import ApprovalDecision, SessionEntry
 
 __all__ = ["ContextHost", "InvocationContext"]
 
@@ -46,6 +46,9 @@ class ContextHost(Protocol):
 
     @property
     def user_id(self) -> str | None: ...
+
+    @property
+    def session_id(self) -> str | None: ...
 
     @property
     def recorder(self) -> Recorder: ...
@@ -117,6 +120,11 @@ class InvocationContext:
         return self._inv.user_id
 
     @property
+    def session_id(self) -> str | None:
+        """The session the invocation belongs to (``None``: none)."""
+        return self._inv.session_id
+
+    @property
     def history(self) -> Sequence[Message]:
         return self._inv._history_so_far()
 
@@ -174,14 +182,22 @@ class InvocationContext:
     async def room(self) -> None:
         await self._rec.room()
 
-    async def record_turn(self, turn: int, response: ModelResponse) -> None:
-        event = await self._rec.record(
+    # ``session_entry`` (an agent that writes its session's conversation turn by turn: a live
+    # session) is appended to the invocation's session in the event's own transaction.
+
+    async def record_turn(
+        self, turn: int, response: ModelResponse, *, session_entry: SessionEntry | None = None
+    ) -> None:
+        event = await self._rec.record_in_session(
             TurnFinished,
-            path=self.path,
-            turn=turn,
-            message=response.message,
-            usage=response.usage,
-            finish_reason=response.finish_reason,
+            session_entry,
+            {
+                "path": self.path,
+                "turn": turn,
+                "message": response.message,
+                "usage": response.usage,
+                "finish_reason": response.finish_reason,
+            },
         )
         self._inv._note(event)
         self._inv._add_usage(response.usage)
@@ -193,9 +209,13 @@ class InvocationContext:
             await self._rec.record(ToolCallStarted, path=self.path, turn=turn, call=call)
         )
 
-    async def record_tool_finished(self, turn: int, result: ToolResult) -> None:
+    async def record_tool_finished(
+        self, turn: int, result: ToolResult, *, session_entry: SessionEntry | None = None
+    ) -> None:
         self._inv._note(
-            await self._rec.record(ToolCallFinished, path=self.path, turn=turn, result=result)
+            await self._rec.record_in_session(
+                ToolCallFinished, session_entry, {"path": self.path, "turn": turn, "result": result}
+            )
         )
 
     async def record_step_finished(self, output: str) -> None:
@@ -270,8 +290,10 @@ class InvocationContext:
     def add_credential(self, name: str, secret: str) -> None:
         self._inv._credentials()[name] = secret
 
-    async def record_gate(self, cls: type[Any], **fields: Any) -> None:
-        event = await self._rec.record(cls, path=self.path, **fields)
+    async def record_gate(
+        self, cls: type[Any], *, session_entry: SessionEntry | None = None, **fields: Any
+    ) -> None:
+        event = await self._rec.record_in_session(cls, session_entry, {"path": self.path, **fields})
         self._inv._note(event)
         known = self._inv._known_gates()
         if isinstance(event, approvals.REQUESTS):

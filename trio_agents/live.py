@@ -34,6 +34,47 @@ What is persisted first
     journaled complete is cut off while its audio still plays, a second ``turn_finished`` of
     the same turn (interrupted) replaces it: :func:`live_transcript` reads the journal so.
 
+The session's conversation
+    A live session opened on a session (``session_id``; ``/run_live`` always names one) is
+    part of that session's conversation, turn by turn, as a text turn's question and answer
+    are: a later text turn (``runner.start(agent, ..., session_id=...)``, a turn loop, the
+    chat, the dev UI) sees what was said live, and a live session opened on a session sees
+    what was said before it.
+
+    *Who writes.*  The session's loop, and nothing else: each journal event that is part of
+    the conversation carries its :class:`~trio_agents.stores.SessionEntry`, stored by the same
+    store transaction (``JournalWrite.session_entry``).  A ``user_turn`` carries the person's
+    entry; a ``turn_finished`` the model's (an interrupted one holds only the heard part,
+    ``interrupted`` and the barge-in's reason, as an interrupted text answer is marked); a
+    ``tool_call_finished`` a tool-results entry.  Every entry carries its live turn
+    (``SessionEntry.turn``): an interrupted record of a turn that was journaled complete (its
+    audio was still playing) replaces it in the conversation, as it does in the journal.  The
+    invocation writes neither the opening entry an invocation writes (its input,
+    ``"(live session)"``, is nothing the person said) nor a closing answer.
+
+    *What is persisted first, and a crash.*  The event and its entry are one transaction,
+    stored before the client is shown anything of them: both are stored or neither.  There is
+    no moment between a turn's journal write and its session entry, so a crash (or a cancel)
+    cannot leave one without the other.
+
+    *Exactly once.*  An event is journaled once: a resume replays the journal and journals
+    only what happens after it, and a write whose fate a cancel left unknown is checked
+    against the store's head before anything else is written.  So is its entry: a resumed
+    session adds no entry twice.
+
+    *On cancel.*  When the session ends while the model speaks (the client leaves, a
+    cancel, the socket dropped), the heard part of that answer is journaled, interrupted
+    (reason ``"the live session ended"``), with its entry, shielded and bounded, before the
+    ending, as a barge-in's would be (a store that cannot take it in time: it is lost, and a
+    warning says so).  A process that dies takes the answer under way with it: neither the
+    journal nor the session has it.  A tool call with no journaled result (cut off by a
+    barge-in or by the end) is paired, where the conversation is read
+    (:func:`~trio_agents._outcome.history_of`), with a result saying it was cut off.
+
+    *Opening.*  The realtime model is given the session's conversation first - the earlier
+    invocations' turns, text or live, as the next text turn's model would see them - then, on
+    a resume, this session's own journaled transcript.
+
 Resume anywhere
     A session whose socket dropped (the invocation ends ``failed``: the socket closed), that
     was cancelled, or whose process died (its lease lapses) is resumed with
@@ -55,12 +96,12 @@ import math
 import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import attrs
 import trio
 
-from ._exceptions import UsageError
+from ._exceptions import StoreError, UsageError
 from ._live_io import LiveAudio as LiveAudio
 from ._live_io import LiveClosed as LiveClosed
 from ._live_io import LiveInterrupted as LiveInterrupted
@@ -111,6 +152,7 @@ from .models._realtime import (
 )
 from .models.scripted import ScriptedModel
 from .runner import Runner
+from .stores import SessionEntry
 
 __all__ = [
     "LiveAgent",
@@ -131,6 +173,12 @@ logger = logging.getLogger("trio_agents.live")
 
 LIVE_INPUT = "(live session)"
 INTERRUPTED = "interrupted"
+SESSION_ENDED = "the live session ended"
+"""The reason an answer cut by the session's end (a cancel, the socket dropped) is marked with."""
+CLOSE_TIMEOUT: Final = 5.0
+"""How long a session left normally may take to read the end of its input and end."""
+KEEP_HEARD_TIMEOUT: Final = 5.0
+"""How long the journal may take to keep the heard part of an answer the session's end cut."""
 
 
 # ---- the journal, read back ---------------------------------------------------------------
@@ -197,6 +245,10 @@ class LiveAgent:
     :class:`~trio_agents.UsageError`.
     """
 
+    writes_session_turns: Final = True
+    """Its invocations write their session's conversation turn by turn (see the module
+    docstring): no opening or closing entry of the invocation's own."""
+
     def __init__(
         self,
         *,
@@ -230,6 +282,8 @@ class LiveAgent:
     async def run(self, ctx: RunContext) -> str:
         """Run or resume the session in ``ctx`` (see the module docstring)."""
         link = self._links.get(ctx.invocation_id)
+        if not isinstance(ctx, InvocationContext):
+            raise UsageError("a live session runs in an invocation of a Runner")
         if link is None:
             raise UsageError(
                 f"live session {ctx.invocation_id!r} has no client: run a LiveAgent with "
@@ -267,7 +321,7 @@ class _Session:
     """One run of a live session: the loop over client input and upstream events."""
 
     def __init__(
-        self, agent: LiveAgent, ctx: RunContext, link: _Link, upstream: RealtimeSession
+        self, agent: LiveAgent, ctx: InvocationContext, link: _Link, upstream: RealtimeSession
     ) -> None:
         self.agent = agent
         self.ctx = ctx
@@ -288,17 +342,46 @@ class _Session:
         if self.messages:
             await self.upstream.add_history(self.messages)
         inbox = self.link.inbox
-        async with trio.open_nursery() as nursery:
-            self.nursery = nursery
-            nursery.start_soon(self._read_upstream, self.link.inbox_send.clone())
-            self._resume_tools()
-            self.link.ready.set()
-            async for item in inbox:
-                if isinstance(item, _Close):
-                    break
-                await self._handle(item)
-            nursery.cancel_scope.cancel()
+        try:
+            async with trio.open_nursery() as nursery:
+                self.nursery = nursery
+                nursery.start_soon(self._read_upstream, self.link.inbox_send.clone())
+                self._resume_tools()
+                self.link.ready.set()
+                async for item in inbox:
+                    if isinstance(item, _Close):
+                        break
+                    await self._handle(item)
+                nursery.cancel_scope.cancel()
+        finally:
+            # The end (the client's, a cancel, the socket dropped): what was heard of the
+            # answer under way is kept (shielded, bounded), then the ending goes on.
+            with trio.CancelScope(shield=True), trio.move_on_after(KEEP_HEARD_TIMEOUT):
+                await self._keep_heard()
         return self.last_text
+
+    async def _keep_heard(self) -> None:
+        """The session ends while the model speaks: journal the heard part of its response,
+        interrupted (as a barge-in would, but with nothing sent upstream: the socket goes)."""
+        current = self.current
+        if current is None or not (current.generating or self._still_playing(current)):
+            return
+        heard, _ = self._heard(current)
+        calls = tuple(current.calls) if current.journaled else ()
+        message = AssistantMessage(text=heard, tool_calls=calls)
+        try:
+            await self.ctx.record_turn(
+                current.turn,
+                ModelResponse(message=message, finish_reason=INTERRUPTED),
+                session_entry=self.entry(message, current.turn, reason=SESSION_ENDED),
+            )
+        except StoreError as exc:  # the lease lost, the store away: the ending says so
+            logger.warning(
+                "live session %s: the heard part of turn %d was not kept: %s",
+                self.ctx.invocation_id,
+                current.turn,
+                exc,
+            )
 
     async def _read_upstream(self, send: trio.MemorySendChannel[_Input]) -> None:
         async with send:
@@ -329,13 +412,39 @@ class _Session:
         elif not isinstance(item, _Close):
             await self._upstream_event(item)
 
+    def entry(
+        self,
+        message: Message,
+        turn: int,
+        *,
+        author: str | None = None,
+        reason: str | None = None,
+    ) -> SessionEntry | None:
+        """The session entry a journaled turn carries (see "The session's conversation"):
+        ``None`` for a live session of no session."""
+        if self.ctx.session_id is None:
+            return None
+        return SessionEntry(
+            seq=0,
+            author=author or self.agent.name,
+            invocation_id=self.ctx.invocation_id,
+            message=message,
+            interrupted=reason is not None,
+            reason=reason,
+            turn=turn,
+        )
+
     async def _record_user(
         self, text: str, source: Literal["text", "audio"], item_id: str | None
     ) -> None:
-        ctx = self.ctx
-        if not isinstance(ctx, InvocationContext):
-            raise UsageError("a live session runs in an invocation of a Runner")
-        await ctx.record_gate(UserTurn, turn=self.turn, text=text, source=source, item_id=item_id)
+        await self.ctx.record_gate(
+            UserTurn,
+            session_entry=self.entry(UserMessage(text=text), self.turn, author="user"),
+            turn=self.turn,
+            text=text,
+            source=source,
+            item_id=item_id,
+        )
 
     async def _upstream_event(self, event: RealtimeEvent) -> None:
         current = self.current
@@ -378,7 +487,9 @@ class _Session:
         text = "".join(response.text)
         message = AssistantMessage(text=text, tool_calls=tuple(response.calls))
         await self.ctx.record_turn(
-            response.turn, ModelResponse(message=message, usage=usage, finish_reason="completed")
+            response.turn,
+            ModelResponse(message=message, usage=usage, finish_reason="completed"),
+            session_entry=self.entry(message, response.turn),
         )
         response.journaled = True
         self.last_text = text or self.last_text
@@ -399,28 +510,35 @@ class _Session:
             return
         if current.generating:
             await self._cut(current, reason, cancel=True)
-        elif (
-            current.item_id is not None
-            and current.item_id in self.link.played
-            and self.link.played_ms(current.item_id) < current.received_ms
-        ):
-            # Complete, and its audio still playing: the rest is never heard.  (A client that
-            # reported no position for it is taken to have played it all.)
+        elif self._still_playing(current):
             await self._cut(current, reason, cancel=False)
         self.current = None
+
+    def _still_playing(self, response: _Response) -> bool:
+        """Complete, and its audio still playing: the rest is never heard.  (A client that
+        reported no position for it is taken to have played it all.)"""
+        return (
+            response.item_id is not None
+            and response.item_id in self.link.played
+            and self.link.played_ms(response.item_id) < response.received_ms
+        )
+
+    def _heard(self, response: _Response) -> tuple[str, int | None]:
+        """What was heard of ``response``, and where its audio ends for that (``None``: no
+        audio; its text was shown, so seen)."""
+        if response.item_id is None:
+            return "".join(response.text), None
+        played = self.link.played_ms(response.item_id)
+        end = max(0, min(math.floor(played), math.floor(response.received_ms)))
+        return "".join(t for t, until in response.chunks if until is not None and until <= end), end
 
     async def _cut(self, response: _Response, reason: str, *, cancel: bool) -> None:
         response.generating = False
         if cancel:
             await self.upstream.cancel_response()
-        end: int | None = None
-        if response.item_id is not None:
-            played = self.link.played_ms(response.item_id)
-            end = max(0, min(math.floor(played), math.floor(response.received_ms)))
+        heard, end = self._heard(response)
+        if response.item_id is not None and end is not None:
             await self.upstream.truncate(response.item_id, end)
-            heard = "".join(t for t, until in response.chunks if until is not None and until <= end)
-        else:
-            heard = "".join(response.text)  # text only: what was shown was seen
         if response.journaled:  # complete, its calls journaled (and running): they stay
             message = AssistantMessage(text=heard, tool_calls=tuple(response.calls))
         else:
@@ -431,7 +549,9 @@ class _Session:
                     ToolResult(call_id=call.id, name=call.name, content=text, is_error=True)
                 )
         await self.ctx.record_turn(
-            response.turn, ModelResponse(message=message, finish_reason=INTERRUPTED)
+            response.turn,
+            ModelResponse(message=message, finish_reason=INTERRUPTED),
+            session_entry=self.entry(message, response.turn, reason=reason),
         )
         self.link.out(
             LiveInterrupted(turn=response.turn, heard=heard, audio_end_ms=end, reason=reason)
@@ -462,7 +582,7 @@ class _Session:
         self, transcript: Transcript, calls: list[ToolCall], scope: trio.CancelScope
     ) -> None:
         runner = self.agent._tools
-        ctx = _NotingStarts(self.ctx, set(transcript.started))
+        ctx = _NotingStarts(self, set(transcript.started))
         with scope:
             asking = runner._ask_approvals(ctx, transcript, calls)
             answers = await asking if asking is not None else {}
@@ -494,15 +614,23 @@ class _Session:
 
 class _NotingStarts:
     """The run context, noting which calls' intents were journaled (so that a call cut off
-    is told apart from one never started)."""
+    is told apart from one never started), and journaling each result with its session
+    entry."""
 
-    def __init__(self, ctx: RunContext, started: set[str]) -> None:
-        self._ctx = ctx
+    def __init__(self, session: _Session, started: set[str]) -> None:
+        self._session = session
+        self._ctx = session.ctx
         self.started = started
 
     async def record_tool_started(self, turn: int, call: ToolCall) -> None:
         await self._ctx.record_tool_started(turn, call)
         self.started.add(call.id)
+
+    async def record_tool_finished(self, turn: int, result: ToolResult) -> None:
+        message = ToolResultMessage(results=(result,))
+        await self._ctx.record_tool_finished(
+            turn, result, session_entry=self._session.entry(message, turn)
+        )
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._ctx, name)
@@ -554,11 +682,12 @@ async def open_live(
             raise
         finally:
             if not reason and inv.outcome is None:
-                # The session ends when its loop reads this (input sent before it first).
-                with trio.move_on_after(5):
+                # The session ends when its loop reads this (input sent before it first, and
+                # what the server sent before it: a busy loop may take a moment).
+                with trio.move_on_after(CLOSE_TIMEOUT):
                     await link.inbox_send.send(_Close())
-                    reason = ""
-                if inv.outcome is None and link.inbox.statistics().current_buffer_used:
+                    await inv.wait()
+                if inv.outcome is None:
                     reason = "the session did not take the end of its input in time"
             if reason:
                 inv.cancel("immediate", reason=reason)

@@ -43,6 +43,7 @@ def _entry_json(entry: SessionEntry) -> dict[str, Any]:
         "interrupted": entry.interrupted,
         "exchange": [encode_message(m) for m in entry.exchange],
         "reason": entry.reason,
+        "turn": entry.turn,  # a live session's turn
     }
 
 

@@ -3,15 +3,22 @@ session on a realtime model.
 
 Opening
     As for any app on ``/run_live`` (auth, ``app_name``, ``user_id``, ``session_id``; see
-    :mod:`._live`); ``resume=<invocation id>`` resumes a live session that ended without
-    completing (a dropped upstream socket, a client cut off) on a new upstream socket.
+    :mod:`._live`); ``resume=<invocation id>`` resumes a live session of that session and app
+    that ended without completing (a dropped upstream socket, a client cut off, a cancel) on a
+    new upstream socket, its transcript put back first.  A resume id that is no live session
+    of that session and app is refused like an unknown session (404 ``session_not_found``);
+    one that completed is accepted, then closed with 1008 and the reason.
 
 Frames
     The client sends JSON text frames: ``{"type": "audio", "audio": <base64>}`` (at most
     ``max_audio_frame`` bytes of base64), ``{"type": "commit"}`` (end of a push-to-talk turn),
     ``{"type": "message", "text": ...}``, ``{"type": "played", "item_id": ..., "ms": ...}``
-    (how much of an item's audio was played), ``{"type": "interrupt"}`` (barge in) and
-    ``{"type": "stop"}`` (end the session: it completes; the socket closes with 1000).  A frame
+    (how much of an item's audio was played), ``{"type": "interrupt"}`` (barge in: the
+    session's :meth:`~trio_agents.live.LiveSession.cancel_turn`; ``{"type": "cancel"}``, the
+    frame that cancels a turn loop's turn on ``/run_live``, does the same, its ``mode`` if any
+    must be ``"immediate"``: what a barge-in does to a tool call under way is the agent's
+    ``barge_in``) and ``{"type": "stop"}`` (end the session: it completes; the socket closes
+    with 1000).  A frame
     that cannot be understood (unknown type, a played position past the audio sent, a bad
     field) is answered ``{"type": "error", "code": ..., "message": ...}`` and the socket stays
     open; an audio frame past the limit closes it with 1009.
@@ -44,7 +51,7 @@ from typing import Any, Final
 import trio
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from .._exceptions import UsageError
+from .._exceptions import InvocationNotFound, UsageError
 from ..live import (
     LiveAgent,
     LiveAudio,
@@ -59,7 +66,17 @@ from ..live import (
     open_live,
 )
 from ._app import ServerState
-from ._live_open import BadFrame, Frame, LiveRequest, close_reason, error_frame, read_frame
+from ._errors import ApiError
+from ._ids import check_id
+from ._live_open import (
+    BadFrame,
+    Frame,
+    LiveRequest,
+    close_reason,
+    error_frame,
+    read_frame,
+    refuse,
+)
 
 __all__ = ["MAX_AUDIO_FRAME", "serve_live_realtime"]
 
@@ -126,7 +143,8 @@ class _Bridge:
             outcome = live.invocation.outcome
             if outcome is not None and outcome.status == "failed" and self.close_code == 1000:
                 self.close_code = 1011
-                self.close_text = f"the session failed: {outcome.error or outcome.reason}"
+                why = outcome.error.message if outcome.error is not None else outcome.reason
+                self.close_text = f"the session failed: {why}"
         except UsageError as exc:  # e.g. resume of an unknown or completed session
             self.close_code, self.close_text = 1008, str(exc)
         if not self.client_gone:
@@ -178,8 +196,19 @@ class _Bridge:
                 if isinstance(ms, bool) or not isinstance(ms, int | float):
                     raise BadFrame("played needs a number 'ms'", "bad_field")
                 live.played(_field(frame, "item_id", str), ms)
-            elif kind == "interrupt":
-                await live.cancel_turn(str(frame.get("reason") or "interrupted by the person"))
+            elif kind in ("interrupt", "cancel"):
+                mode = frame.get("mode")
+                if kind == "cancel" and mode not in (None, "immediate"):
+                    raise BadFrame(
+                        f"a live session's turn is cut at once (mode 'immediate'), got {mode!r}; "
+                        f"a tool call under way follows the agent's barge_in "
+                        f"({self.agent.barge_in!r})",
+                        "bad_field",
+                    )
+                reason = frame.get("reason")
+                if reason is not None and not isinstance(reason, str):
+                    raise BadFrame(f"a {kind} frame's 'reason' must be a str", "bad_field")
+                await live.cancel_turn(reason or "interrupted by the person")
             elif kind == "stop":
                 self.stopped = True
                 return True
@@ -201,4 +230,28 @@ async def serve_live_realtime(
     websocket: WebSocket, state: ServerState, request: LiveRequest, agent: LiveAgent
 ) -> None:
     """Bridge the socket to a live session of ``agent`` (see the module docstring)."""
+    resume = websocket.query_params.get("resume")
+    if resume is not None:
+        try:
+            await _check_resume(state, request, agent, resume)
+        except ApiError as exc:
+            await refuse(websocket, exc)
+            return
     await _Bridge(websocket, state, request, agent).run()
+
+
+async def _check_resume(
+    state: ServerState, request: LiveRequest, agent: LiveAgent, resume: str
+) -> None:
+    """A resume names a live session of this session and app (another user's, or another
+    session's, is not found here)."""
+    check_id(resume, "resume", "invocation")
+    missing = ApiError(
+        404, "session_not_found", f"no live session {resume!r} in session {request.session!r}"
+    )
+    try:
+        record = await state.runner.store.get_invocation(resume)
+    except InvocationNotFound:
+        raise missing from None
+    if record.session_id != request.key or record.agent != agent.name:
+        raise missing

@@ -22,7 +22,8 @@ is one stored entry: ADK's ``id``, ``author``, ``invocationId``, ``timestamp``, 
 (text parts; ``null`` for a tool-results entry) and ``actions.stateDelta``, with our
 ``seq``, ``message`` (the full message), ``status``, ``interrupted``, ``reason`` and
 ``exchange`` (an answer's tool calls, each followed by its results: what the next turn's
-model sees before the answer).
+model sees before the answer) and ``turn`` (a live session's turn: its entries are written
+turn by turn, see :mod:`trio_agents.live`).
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ def entry_json(entry: SessionEntry) -> dict[str, Any]:
         "reason": entry.reason,
         # The tool calls the answer made before it, each with its result (SessionEntry).
         "exchange": [encode_message(m) for m in entry.exchange],
+        "turn": entry.turn,  # a live session's turn (SessionEntry.turn)
     }
 
 

@@ -315,8 +315,14 @@ class SessionEntry:
     ``exchange`` holds the tool calls an interrupted answer made before ``message``, as the
     model sees them: each assistant turn that called tools, followed by the results of all
     its calls (a call cut off, or never started, has a result saying so), so the next turn's
-    model knows what already happened.  Entries of stored form versions 1 and 2 read with
-    their defaults.
+    model knows what already happened.
+
+    ``turn`` is set by an invocation that writes its conversation turn by turn (a live
+    session, :mod:`trio_agents.live`): the turn an entry records.  A later assistant entry of
+    the same invocation and turn replaces the earlier one in the conversation (a turn journaled
+    complete, then cut while its audio still played); ``None`` (every other invocation's
+    entries): one answer per invocation, the latest.  Entries of stored form versions 1 to 3
+    read with their defaults.
     """
 
     seq: int
@@ -331,6 +337,7 @@ class SessionEntry:
     interrupted: bool = False
     reason: str | None = None
     exchange: tuple[Message, ...] = attrs.field(default=(), converter=_messages)
+    turn: int | None = None
 
 
 def _entries(value: Iterable[SessionEntry]) -> tuple[SessionEntry, ...]:

@@ -8,8 +8,8 @@ that cannot be read becomes a :class:`~trio_agents.CorruptRecordError` naming wh
 to.
 
 Session entries: version 2 adds ``status``, ``interrupted`` and ``reason``; version 3 adds
-``exchange`` (an interrupted answer's tool calls and their results); earlier entries (without
-them) still read, with their defaults.
+``exchange`` (an interrupted answer's tool calls and their results); version 4 adds ``turn``
+(a live session's turn); earlier entries (without them) still read, with their defaults.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ __all__ = [
     "session_busy",
 ]
 
-SESSION_ENTRY_VERSION: Final = 3
+SESSION_ENTRY_VERSION: Final = 4
 _ENTRY_FIELDS: Final = frozenset(
     {"v", "seq", "author", "invocation_id", "message", "state_delta", "at"}
 )
@@ -75,6 +75,7 @@ _ENTRY_FIELDS_BY_VERSION: Final = {
     1: _ENTRY_FIELDS,
     2: _ENTRY_FIELDS | {"status", "interrupted", "reason"},
     3: _ENTRY_FIELDS | {"status", "interrupted", "reason", "exchange"},
+    4: _ENTRY_FIELDS | {"status", "interrupted", "reason", "exchange", "turn"},
 }
 
 
@@ -342,6 +343,7 @@ def encode_entry(entry: SessionEntry) -> str:
         "interrupted": entry.interrupted,
         "reason": entry.reason,
         "exchange": [encode_message(m) for m in entry.exchange],
+        "turn": entry.turn,
     }
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
@@ -376,6 +378,7 @@ def decode_entry(text: str | bytes, *, session_id: str, seq: int) -> SessionEntr
         data.get("reason"),
     )
     exchange = data.get("exchange", [])
+    turn = data.get("turn")
     if (
         data.get("seq") != seq
         or not isinstance(author, str)
@@ -386,6 +389,7 @@ def decode_entry(text: str | bytes, *, session_id: str, seq: int) -> SessionEntr
         or not isinstance(interrupted, bool)
         or not (reason is None or isinstance(reason, str))
         or not isinstance(exchange, list)
+        or not (turn is None or (isinstance(turn, int) and not isinstance(turn, bool)))
         or set(data) != _ENTRY_FIELDS_BY_VERSION[version]
     ):
         raise _corrupt_entry(session_id, seq, f"unexpected fields or types in {data!r:.200}")
@@ -405,6 +409,7 @@ def decode_entry(text: str | bytes, *, session_id: str, seq: int) -> SessionEntr
         interrupted=interrupted,
         reason=reason,
         exchange=exchanged,
+        turn=turn,
     )
 
 

@@ -536,6 +536,7 @@ async function openSession(id) {
     ]);
   } catch (err) { return ui.session === id && sayError(err); }
   if (ui.session !== id) return;
+  window.taLive?.sessionOpened(id, listed.invocations); // live.js: Resume a live session
   const saved = restore();
   const ids = new Set(listed.invocations.map((i) => i.invocation_id));
   renderHistory(session.events.filter((e) => !ids.has(e.invocationId)));
@@ -590,6 +591,8 @@ function renderHistory(entries) {
       for (const call of m.tool_calls || []) b.append(toolChip(call));
       if (e.status && e.status !== "completed") {
         b.append(h("div", { class: "meta" }, statusBadge(e.status), e.reason ? ` ${e.reason}` : "", e.interrupted ? " · interrupted" : ""));
+      } else if (e.interrupted) { // a live session's turn, cut by a barge-in (no status)
+        b.append(h("div", { class: "meta" }, statusBadge("interrupted"), e.reason ? ` ${e.reason}` : ""));
       }
       box.append(b);
     }

@@ -24,6 +24,12 @@
 //
 // Stop sends "stop" (the session completes) and closes the microphone; the socket closing for
 // any other reason says why.  Messages typed while live go over the socket as "message" frames.
+//
+// Resume: a live session of the session shown that ended failed (its upstream socket dropped)
+// or cancelled (the page was closed, a slow page cut off) shows Resume, which opens the
+// microphone and /run_live?resume=<its id>: the same session on a new upstream socket, its
+// transcript put back first.  Known when its socket closes (the page asks the invocation's
+// status) and when a session is opened (its newest live session's status, from the list).
 "use strict";
 
 if (typeof registerProcessor === "function") {
@@ -60,7 +66,10 @@ if (typeof registerProcessor === "function") {
     bubbles: new Map(), // turn -> the assistant's bubble
     timer: null,
     sent: 0, // audio frames sent
+    resumable: null, // {session, id}: a live session of that session that may be resumed
   };
+  const LIVE_INPUT = "(live session)"; // a live session's input (trio_agents.live.LIVE_INPUT)
+  const RESUMABLE = new Set(["failed", "cancelled"]);
 
   const el = (id) => document.getElementById(id);
 
@@ -76,6 +85,9 @@ if (typeof registerProcessor === "function") {
     const on = live.ws !== null;
     el("live").dataset.live = on ? "on" : "off";
     el("live-start").hidden = on;
+    const resumable = !on && live.resumable !== null;
+    el("live-resume").hidden = !resumable;
+    if (resumable) el("live-resume").dataset.invocation = live.resumable.id;
     el("live-mode").disabled = on;
     el("live-talk").hidden = !on || live.mode !== "ptt";
     el("live-interrupt").hidden = !on;
@@ -263,8 +275,21 @@ if (typeof registerProcessor === "function") {
     live.bubbles.clear();
   }
 
-  async function start() {
+  // A live session (id) of session that ended: resumable if it failed or was cancelled.
+  async function checkResumable(session, id) {
+    let status;
+    try {
+      status = (await api("GET", invPath(id))).status;
+    } catch { return; }
+    if (RESUMABLE.has(status) && !live.ws && ui.session === session) {
+      live.resumable = { session, id };
+      draw();
+    }
+  }
+
+  async function start(resume) {
     if (live.ws || !ui.app) return;
+    if (typeof resume !== "string") resume = null;
     live.mode = el("live-mode").value;
     state("opening the microphone…");
     try {
@@ -284,13 +309,15 @@ if (typeof registerProcessor === "function") {
     url.searchParams.set("app_name", ui.app);
     url.searchParams.set("user_id", user());
     url.searchParams.set("session_id", ui.session);
+    if (resume) url.searchParams.set("resume", resume);
     if (token()) url.searchParams.set("token", token());
     const ws = new WebSocket(url);
     live.ws = ws;
     live.session = ui.session;
     live.sent = 0;
+    live.resumable = null;
     draw();
-    state("connecting…");
+    state(resume ? "resuming…" : "connecting…");
     ws.onmessage = (e) => onFrame(JSON.parse(e.data));
     ws.onclose = (e) => {
       if (live.ws !== ws) return;
@@ -299,6 +326,8 @@ if (typeof registerProcessor === "function") {
       closeMic();
       draw();
       state(e.code === 1000 ? "live session ended" : `live session closed: ${e.reason || e.code}`);
+      const id = el("live").dataset.invocation;
+      if (id) checkResumable(live.session, id); // (cancelled elsewhere closes with 1000 too)
     };
     live.timer = setInterval(report, REPORT_MS);
   }
@@ -340,6 +369,17 @@ if (typeof registerProcessor === "function") {
     // Another session (or none) is shown: a live session of another one ends.
     sessionShown(id) {
       if (live.ws && id !== live.session) stop();
+      if (live.resumable && live.resumable.session !== id) live.resumable = null; // its own only
+      draw();
+    },
+    // A session was opened with its invocations (oldest first): its newest live session
+    // may be resumed if it failed or was cancelled.
+    sessionOpened(id, invocations) {
+      const newest = [...invocations].reverse().find((i) => i.input === LIVE_INPUT);
+      if (!newest || live.ws) return;
+      if (RESUMABLE.has(newest.status)) live.resumable = { session: id, id: newest.invocation_id };
+      else if (live.resumable && live.resumable.session === id) live.resumable = null;
+      draw();
     },
     // A message typed while live goes over the socket; false when not live.
     sendText(text) {
@@ -353,7 +393,8 @@ if (typeof registerProcessor === "function") {
   };
 
   document.addEventListener("DOMContentLoaded", () => {
-    el("live-start").addEventListener("click", start);
+    el("live-start").addEventListener("click", () => start(null));
+    el("live-resume").addEventListener("click", () => live.resumable && start(live.resumable.id));
     el("live-stop").addEventListener("click", stop);
     el("live-interrupt").addEventListener("click", interrupt);
     const talkButton = el("live-talk");
