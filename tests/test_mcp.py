@@ -23,7 +23,7 @@ from trio_agents.models.scripted import ScriptedTurn
 from trio_agents.stores import MemoryStore
 
 from ._helpers import eventually
-from .mcp_servers import http_server_url, observed, stdio_server
+from .mcp_servers import cancel_notices, http_server_url, observed, request_id, stdio_server
 
 # The SDK's streamable HTTP client leaves the aborted POST's response iterator to the garbage
 # collector when a call is cancelled (httpx2's stream is not closed with aclosing): a warning
@@ -127,6 +127,32 @@ async def test_a_cancel_reaches_the_server_before_wait_returns(
         again = await runner.run(_agent(server, _call("echo", text="still here")), "go")
         assert again.status == "completed"
         assert server.connections == 1
+
+
+@TRANSPORTS
+@pytest.mark.parametrize("how", ["cancel", "timeout"])
+async def test_the_cancel_notification_names_the_call_and_gives_our_reason(
+    tmp_path: Path, open_server: Opener, how: str
+) -> None:
+    """The server gets ``notifications/cancelled`` with the id of the call's own request and
+    our reason: the invocation's (``inv.cancel(reason=...)``), or "timed out after <s>s" for
+    the policy's timeout (not the SDK's "caller cancelled")."""
+    log = tmp_path / "log"
+    policy = {"slow": ta.mcp.ToolPolicy(timeout=0.5)} if how == "timeout" else {}
+    async with open_server(log, policy=policy) as server, ta.Runner() as runner:
+        inv = await runner.start(_agent(server, _call("slow", tag="r", seconds=60)), "go")
+        if how == "cancel":
+            with trio.fail_after(20):
+                await eventually(lambda: "started r" in observed(log))
+            inv.cancel(reason="user pressed Stop")
+        outcome = await inv.wait()
+        assert "cancelled r" in observed(log)  # stopped before wait() returned
+        with trio.fail_after(10):  # the notice is logged by a task of its own on the server
+            await eventually(lambda: bool(cancel_notices(log)))
+    expected = "user pressed Stop" if how == "cancel" else "timed out after 0.5s"
+    assert cancel_notices(log) == [(request_id(log, "r"), expected)]
+    assert request_id(log, "r").startswith("ta-")
+    assert outcome.status == ("cancelled" if how == "cancel" else "completed")
 
 
 @TRANSPORTS

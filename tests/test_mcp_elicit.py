@@ -21,7 +21,7 @@ from trio_agents.stores import MemoryStore
 from ._helpers import eventually, run_then_crash
 from ._server import ALICE, open_client, open_server
 from .conftest import FakeClock
-from .mcp_servers import observed, stdio_server
+from .mcp_servers import cancel_notices, observed, request_id, stdio_server
 
 pytestmark = [pytest.mark.slow]  # real MCP server processes
 
@@ -113,7 +113,8 @@ async def test_a_cancel_ends_the_gate_cancelled_and_the_server_saw_the_call_canc
     tmp_path: Path, mode: ta.CancelMode
 ) -> None:
     """Any cancel mode ends a wait for a person: the call is cancelled on the server (even
-    ``after_tools``, which otherwise lets a running call finish) before ``wait()`` returns."""
+    ``after_tools``, which otherwise lets a running call finish) before ``wait()`` returns,
+    and the server was told the invocation's reason."""
     log = tmp_path / "log"
     store = MemoryStore()
     server = stdio_server(log)
@@ -129,6 +130,9 @@ async def test_a_cancel_ends_the_gate_cancelled_and_the_server_saw_the_call_canc
         assert not any(line.startswith("answer-") for line in seen)
         with pytest.raises(ta.GateClosed):
             await runner.decide(inv.id, request.request_id, approved=False)
+        with trio.fail_after(10):
+            await eventually(lambda: bool(cancel_notices(log)))
+    assert cancel_notices(log) == [(request_id(log, "c"), "user pressed stop")]
 
 
 async def test_input_is_answered_over_http_through_the_approvals_route(tmp_path: Path) -> None:

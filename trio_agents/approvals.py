@@ -181,7 +181,16 @@ class Gates:
     wait takes them (memory only).
     """
 
-    __slots__ = ("_on_parked", "_secrets", "parked", "paused", "pausing", "scopes", "waiting")
+    __slots__ = (
+        "_on_parked",
+        "_secrets",
+        "parked",
+        "paused",
+        "pausing",
+        "scopes",
+        "stop_reason",
+        "waiting",
+    )
 
     def __init__(self, on_parked: Callable[[bool], None] | None = None) -> None:
         self._on_parked = on_parked  # told when the first wait begins and the last ends
@@ -190,6 +199,7 @@ class Gates:
         self.scopes: tuple[trio.CancelScope, ...] = ()  # expiries being recorded (rare)
         self.pausing = False
         self.paused: Sequence[str] = ()  # every gate still open when the first wait paused
+        self.stop_reason: str | None = None  # the reason of the cancel that ended the waits
         self._secrets: dict[str, str] | None = None
 
     @property
@@ -215,6 +225,8 @@ class Gates:
     def end_waits(self, reason: str | None) -> None:
         """End every wait now: a cancel of any mode (the host is ``stopping()`` by now), or
         one wait pausing (``pausing`` is set)."""
+        if not self.pausing and self.stop_reason is None:
+            self.stop_reason = reason
         for scope in self.scopes:
             scope.cancel(reason=reason)
         self._wake()
@@ -273,7 +285,7 @@ class Gates:
             missing = _still_open(waiting, pending)
             if missing:
                 if host.stopping():
-                    raise StopRequested
+                    raise StopRequested(self.stop_reason or "")
                 if not self.pausing:  # the first to pause takes the others with it
                     self.pausing = True
                     self.paused = _still_open(waiting, waiting)

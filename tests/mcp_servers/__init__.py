@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 import subprocess
 import sys
@@ -23,6 +24,27 @@ def observed(log: Path) -> list[str]:
     if not log.exists():
         return []
     return [" ".join(line.split()[:2]) for line in log.read_text().splitlines()]
+
+
+def request_id(log: Path, tag: str) -> str:
+    """The id of the request whose call of a tool with ``tag`` started (as the server saw it)."""
+    for line in log.read_text().splitlines():
+        event, logged, _pid, *more = line.split()
+        if (event, logged) == ("started", tag):
+            return more[0]
+    raise AssertionError(f"no call with tag {tag!r} started: {observed(log)}")
+
+
+def cancel_notices(log: Path) -> list[tuple[str, str | None]]:
+    """The ``notifications/cancelled`` the server received: (request id, reason) each."""
+    if not log.exists():
+        return []
+    found = []
+    for line in log.read_text().splitlines():
+        if line.startswith("cancel-notice "):
+            _, rid, _pid, reason = line.split(" ", 3)
+            found.append((rid, json.loads(reason)))
+    return found
 
 
 def pids(log: Path) -> set[int]:

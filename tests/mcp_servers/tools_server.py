@@ -3,28 +3,42 @@ or ``python tools_server.py http`` (streamable HTTP on 127.0.0.1, an OS-chosen p
 ``PORT <n>`` on stdout).
 
 Every tool appends what it observed to the file named by ``$MCP_LOG`` (one line each: an event,
-the tag, the process id), flushed at once, so a test reads what the *server* saw: ``started``,
-``cancelled`` (the handler got the cancel), ``finally`` (its cleanup ran), ``finished``.
+the tag, the process id, then what else the event says), flushed at once, so a test reads what
+the *server* saw: ``started`` (with the request's id), ``cancelled`` (the handler got the
+cancel), ``finally`` (its cleanup ran), ``finished``.  Each ``notifications/cancelled`` the
+server receives is a line ``cancel-notice <request id> <pid> <reason as JSON>``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+from typing import Any
 
 import anyio
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.mcpserver import Context, MCPServer
 from pydantic import BaseModel
 
-server = MCPServer("fixture-tools")
 
-
-def log(event: str, tag: str) -> None:
+def log(event: str, tag: str, *more: str) -> None:
     path = os.environ.get("MCP_LOG")
     if path:
         with open(path, "a", encoding="utf-8") as f:
-            f.write(f"{event} {tag} {os.getpid()}\n")
+            f.write(" ".join([event, tag, str(os.getpid()), *more]) + "\n")
             f.flush()
+
+
+async def record_cancels(ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+    """Log each ``notifications/cancelled`` as received (the SDK applies it before this)."""
+    if ctx.method == "notifications/cancelled":
+        params = dict(ctx.params or {})
+        log("cancel-notice", str(params.get("requestId")), json.dumps(params.get("reason")))
+    return await call_next(ctx)
+
+
+server = MCPServer("fixture-tools", middleware=[record_cancels])
 
 
 @server.tool()
@@ -40,9 +54,9 @@ async def echo(text: str, times: int = 1) -> str:
 
 
 @server.tool()
-async def slow(tag: str, seconds: float = 60.0) -> str:
+async def slow(tag: str, ctx: Context, seconds: float = 60.0) -> str:
     """Sleep for a while, writing when it started, was cancelled and finished."""
-    log("started", tag)
+    log("started", tag, ctx.request_id)
     try:
         await anyio.sleep(seconds)
     except anyio.get_cancelled_exc_class():
@@ -78,7 +92,7 @@ class Confirm(BaseModel):
 @server.tool()
 async def ask(tag: str, ctx: Context) -> str:
     """Ask the user to confirm (elicitation), then say what they answered."""
-    log("started", tag)
+    log("started", tag, ctx.request_id)
     try:
         answer = await ctx.elicit(f"Proceed with {tag}?", Confirm)
     except anyio.get_cancelled_exc_class():

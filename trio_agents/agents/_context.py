@@ -34,6 +34,8 @@ __all__ = [
 
 class StopRequested(Exception):
     """Raised at a safe point when a safe-point cancel (``after_turn``/``after_tools``) is due.
+    Raised by a wait for a person a cancel ended, its message is the cancel's reason (empty
+    when it gave none).
 
     Internal signal between the agent loop and the runner; it never reaches users.
     """

@@ -12,14 +12,20 @@ Who owns what:
 - A **call** runs in the invocation's task: :meth:`MCPServer.call_tool` sends ``tools/call`` on
   the shared session and waits for the answer.  Many invocations call at once.
 
-What happens on cancel (the invocation's, or the tool's own timeout): the SDK's ``call_tool``
-sees ``Cancelled``, hands ``notifications/cancelled`` (with the request id) to the session's
-writer and returns *before* the notification has left this process; nothing acknowledges a
-cancel.  So before letting ``Cancelled`` go on, :meth:`call_tool` makes one more round trip on
-the same session (a ``ping``, shielded, bounded by ``cancel_confirm_timeout``): the writer sends
-in order, and the server reads in order, so when the ping is answered the server has received
-the cancel and cancelled its handler.  Then ``invocation.wait()`` can return knowing the server
-stopped the tool.  On streamable HTTP the same notification is what stops the server's handler
+What happens on cancel (the invocation's, or the tool's own timeout): we send
+``notifications/cancelled`` ourselves, with the call's request id and *our* reason (the SDK's
+own says only "caller cancelled").  The session runs on :class:`_Dispatcher`, the SDK's public
+``JSONRPCDispatcher`` with one change: a ``tools/call`` of ours goes out under an id we mint
+(``"ta-<n>"``, unique for the session) with the SDK's own cancel notification turned off
+(``cancel_on_abandon=False``), and the call in flight learns its id.  When ``Cancelled``
+reaches :meth:`MCPServer._send_call`, it sends the notification with that id and the reason
+the cancel carries (``trio.Cancelled.reason``: the invocation's ``cancel(reason=...)``;
+"timed out after Ns" for the policy's timeout; the reason of a cancel or pause that ended a
+wait for input), then makes one more round trip on the same session (a ``ping``): the writer
+sends in order, and the server reads in order, so when the ping is answered the server has
+received the cancel and cancelled its handler.  Both are shielded and bounded together by
+``cancel_confirm_timeout``.  Then ``invocation.wait()`` can return knowing the server stopped
+the tool.  On streamable HTTP the same notification is what stops the server's handler
 (closing the request's stream alone does not, at protocol 2025-11-25).  The late response of a
 cancelled request, if any, is dropped by the SDK; the session stays usable by other calls.
 
@@ -44,8 +50,10 @@ and so is an input gate's.
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
+import math
 import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
@@ -62,8 +70,9 @@ from mcp.client.session import ClientRequestContext, ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
-from mcp.shared.dispatcher import ProgressFnT
+from mcp.shared.dispatcher import CallOptions, ProgressFnT
 from mcp.shared.exceptions import MCPError
+from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 
 from .._exceptions import MCPServerError, UsageError
 from ..agents._context import PauseRequested, StopRequested
@@ -82,16 +91,88 @@ ToolFilter = Iterable[str] | Callable[[str], bool]
 AskFn = Callable[[str, Mapping[str, Any]], Awaitable[InputAnswer]]
 
 
+#: Said to the server when a cancel carries no reason of its own.
+DEFAULT_CANCEL_REASON = "the client cancelled the call"
+
+
 @attrs.define(eq=False)
 class _Flight:
-    """One ``tools/call`` in flight on a session: how to ask a person for its input, and the
-    scope of the call (cancelled when a cancel ends such a wait)."""
+    """One ``tools/call`` in flight on a session: how to ask a person for its input, the
+    scope of the call (cancelled when a cancel ends such a wait), its timeout, and the id
+    its request went out under."""
 
     ask: AskFn | None
+    timer: trio.CancelScope  # the call's timeout (deadline inf: none)
+    timeout: float | None = None
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     stop: Exception | None = None  # StopRequested / PauseRequested from an input wait
     asking: trio.CancelScope | None = None  # the callback's, while it waits for a person
     finished: trio.Event = attrs.field(factory=trio.Event)
+    request_id: str | None = None  # set by _Dispatcher once the request is going out
+
+    def cancel_reason(self, exc: trio.Cancelled) -> str:
+        """What the server is told about this cancel (``notifications/cancelled``'s reason)."""
+        if exc.source == "deadline":
+            if self.timeout is not None and self.timer.cancel_called:
+                return f"timed out after {self.timeout:g}s"
+            return "a deadline of the client passed"
+        if exc.source == "explicit" and exc.reason:
+            return exc.reason
+        if exc.source == "KeyboardInterrupt":
+            return "the client was interrupted (Ctrl-C)"
+        return DEFAULT_CANCEL_REASON
+
+
+# The call in flight in this task (a trio task has its own context): how _Dispatcher, which
+# the SDK calls with method and params only, finds the call it sends.
+_current_flight: contextvars.ContextVar[_Flight | None] = contextvars.ContextVar(
+    "trio_agents_mcp_flight", default=None
+)
+
+
+class _Dispatcher(JSONRPCDispatcher[Any]):
+    """The SDK's JSON-RPC dispatcher, except for our ``tools/call`` requests: each goes out
+    under an id of ours (``"ta-<n>"``: a string that is no integer, so unique for the session
+    and apart from the SDK's own ids), recorded on the call in flight, and with the SDK's
+    cancel notification off (``cancel_on_abandon=False``): :meth:`MCPServer._send_call` sends
+    it, with our reason.  Every other request (and one with options we do not own: a read
+    timeout, resumption, an id of the caller's) goes through unchanged."""
+
+    def __init__(self, read_stream: Any, write_stream: Any) -> None:
+        super().__init__(read_stream, write_stream)
+        self._minted = 0
+
+    async def send_raw_request(
+        self,
+        method: str,
+        params: Mapping[str, Any] | None,
+        opts: CallOptions | None = None,
+        *,
+        _related_request_id: Any = None,
+    ) -> dict[str, Any]:
+        flight = _current_flight.get()
+        given = opts or {}
+        if (
+            method != "tools/call"
+            or flight is None
+            or _related_request_id is not None
+            or any(k in given for k in _OPTIONS_NOT_OURS)
+        ):
+            return await super().send_raw_request(
+                method, params, opts, _related_request_id=_related_request_id
+            )
+        self._minted += 1
+        request_id = f"ta-{self._minted}"
+        # A cancel already due: nothing is sent, so there is nothing to tell the server.
+        # Past this point the SDK reaches its write with no checkpoint in between: the
+        # request counts as sent, and a cancel is told.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        flight.request_id = request_id
+        ours: CallOptions = {**given, "request_id": request_id, "cancel_on_abandon": False}
+        return await super().send_raw_request(method, params, ours)
+
+
+_OPTIONS_NOT_OURS = ("request_id", "timeout", "resumption_token", "on_resumption_token")
 
 
 @attrs.define(eq=False)
@@ -280,40 +361,51 @@ class MCPServer:
         *,
         progress: Callable[[float, float | None, str | None], None] | None = None,
         ask: AskFn | None = None,
+        # The call owns its timeout (not the caller's fail_after): it must tell the server
+        # "timed out after Ns" and end a request for input with that reason.
+        timeout: float | None = None,  # noqa: ASYNC109
     ) -> tuple[str, bool]:
         """Call the server's tool ``name``; return its answer as text and whether it is an
         error result.  The server's ``notifications/progress`` for the call go to ``progress``;
-        its ``elicitation/create`` requests to ``ask`` (see the module docstring).
+        its ``elicitation/create`` requests to ``ask`` (see the module docstring).  ``timeout``
+        (seconds) bounds the whole call, reconnecting included.
 
-        On cancel: the SDK sends ``notifications/cancelled``; then one ``ping`` round trip
-        (shielded, at most ``cancel_confirm_timeout`` seconds) makes sure the server has
-        received it before ``trio.Cancelled`` propagates.
+        On cancel (and when ``timeout`` passes): ``notifications/cancelled`` with the call's
+        request id and the cancel's reason, then one ``ping`` round trip (together shielded,
+        at most ``cancel_confirm_timeout`` seconds) make sure the server has received it
+        before ``trio.Cancelled`` (or ``trio.TooSlowError``) propagates.
 
         Raises:
             MCPServerError: the server is not open, cannot be reached, or died during the
                 call (the next call opens a new session).
+            trio.TooSlowError: ``timeout`` passed (the server was told, with reason
+                "timed out after <timeout>s").
             trio.Cancelled: the call was cancelled (the server was told).
             StopRequested, PauseRequested: a cancel or a pause ended a wait for input; the call
                 was cancelled (the server was told).
         """
-        conn = await self._ready()
-        flight = _Flight(ask)
-        conn.calls.append(flight)
-        try:
-            with flight.scope:
-                return await self._send_call(conn, name, arguments, progress)
-            # Only an input wait's stop cancels flight.scope (the invocation's cancel passes).
-            assert flight.stop is not None
-            raise flight.stop
-        finally:
-            conn.calls.remove(flight)
-            if flight.asking is not None:  # the call ended first (a timeout): stop asking
-                flight.asking.cancel()
-            flight.finished.set()
+        with trio.fail_after(math.inf if timeout is None else timeout) as timer:
+            conn = await self._ready()
+            flight = _Flight(ask, timer, timeout)
+            conn.calls.append(flight)
+            token = _current_flight.set(flight)
+            try:
+                with flight.scope:
+                    return await self._send_call(conn, flight, name, arguments, progress)
+                # Only an input wait's stop cancels flight.scope (the invocation's cancel passes).
+                assert flight.stop is not None
+                raise flight.stop
+            finally:
+                _current_flight.reset(token)
+                conn.calls.remove(flight)
+                if flight.asking is not None:  # the call ended first (a timeout): stop asking
+                    flight.asking.cancel()
+                flight.finished.set()
 
     async def _send_call(
         self,
         conn: _Connection,
+        flight: _Flight,
         name: str,
         arguments: dict[str, Any],
         progress: Callable[[float, float | None, str | None], None] | None,
@@ -322,8 +414,9 @@ class MCPServer:
             result = await conn.session.call_tool(
                 name, arguments, progress_callback=_on_progress(progress)
             )
-        except trio.Cancelled:
-            await self._confirm_cancel(conn)
+        except trio.Cancelled as exc:
+            if flight.request_id is not None:  # it went out: the server must hear of it
+                await self._cancel_on_server(conn, flight.request_id, flight.cancel_reason(exc))
             raise
         except MCPError as exc:
             if exc.error.code == mcp_types.CONNECTION_CLOSED:
@@ -358,7 +451,7 @@ class MCPServer:
                 # A cancel (or a pause) ended the wait: cancel the call, which tells the
                 # server, and answer only once it has (the server drops the answer then).
                 flight.stop = exc
-                flight.scope.cancel()
+                flight.scope.cancel(reason=_stop_reason(exc))
                 await flight.finished.wait()
                 return mcp_types.ElicitResult(action="cancel")
             finally:
@@ -367,10 +460,18 @@ class MCPServer:
             return mcp_types.ElicitResult(action="accept", content=answer.content)
         return mcp_types.ElicitResult(action="decline" if answer.action == "decline" else "cancel")
 
-    async def _confirm_cancel(self, conn: _Connection) -> None:
+    async def _cancel_on_server(self, conn: _Connection, request_id: str, reason: str) -> None:
+        """Tell the server to cancel request ``request_id`` (``notifications/cancelled`` with
+        ``reason``), then wait for one ``ping`` round trip: answered, the server has read the
+        cancel (see the module docstring).  Shielded (we are being cancelled), bounded by
+        ``cancel_confirm_timeout``."""
+        cancelled = mcp_types.CancelledNotification(
+            params=mcp_types.CancelledNotificationParams(request_id=request_id, reason=reason)
+        )
         with trio.CancelScope(shield=True) as scope:
             scope.deadline = trio.current_time() + self.cancel_confirm_timeout
             try:
+                await conn.session.send_notification(cancelled)
                 await conn.session.send_ping()
             except Exception:  # the server is gone: nothing is left to tell
                 conn.close()
@@ -428,7 +529,9 @@ class MCPServer:
                         return await self._elicit(calls, params)
 
                     session = await stack.enter_async_context(
-                        ClientSession(read, write, elicitation_callback=elicit)
+                        ClientSession(
+                            dispatcher=_Dispatcher(read, write), elicitation_callback=elicit
+                        )
                     )
                     with trio.fail_after(self.connect_timeout):
                         await session.initialize()
@@ -526,6 +629,13 @@ def _on_progress(
         report(progress, total, message)
 
     return on_progress
+
+
+def _stop_reason(exc: StopRequested | PauseRequested) -> str:
+    """What the server is told when a cancel or a pause ended a wait for input."""
+    if isinstance(exc, PauseRequested):
+        return "paused: no one answered the request for input in time (approval_timeout)"
+    return str(exc) or DEFAULT_CANCEL_REASON
 
 
 def _refusal(why: str) -> mcp_types.ErrorData:

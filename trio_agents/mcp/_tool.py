@@ -136,31 +136,23 @@ class MCPTool(Tool[..., Any]):
         arguments = self._parse(call.arguments)
         if isinstance(arguments, str):
             return self._error(call, arguments)
-        if self.timeout is None:
-            return await self._run_call(call, arguments, context)
-        with trio.move_on_after(self.timeout) as scope:
-            result = await self._run_call(call, arguments, context)
-        # Only our own deadline is caught here; the invocation's cancel passes through.
-        if scope.cancelled_caught:
-            return self._error(
-                call,
-                f"tool {self.name!r} of MCP server {self.server.name!r} timed out after "
-                f"{self.timeout:g}s; the server was told to cancel the call",
-            )
-        return result
-
-    async def _run_call(
-        self, call: ToolCall, arguments: dict[str, Any], context: ToolContext
-    ) -> ToolResult:
         try:
             text, is_error = await self.server.call_tool(
                 self.remote_name,
                 arguments,
                 progress=context.report_progress,
                 ask=context.request_input,
+                timeout=self.timeout,
             )
         except MCPServerError as exc:
             return self._error(call, str(exc))
+        except trio.TooSlowError:
+            # Only the call's own timeout (the invocation's cancel passes as Cancelled).
+            return self._error(
+                call,
+                f"tool {self.name!r} of MCP server {self.server.name!r} timed out after "
+                f"{self.timeout:g}s; the server was told to cancel the call",
+            )
         return ToolResult(call_id=call.id, name=self.name, content=text, is_error=is_error)
 
     def __repr__(self) -> str:
