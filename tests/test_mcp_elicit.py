@@ -135,6 +135,43 @@ async def test_a_cancel_ends_the_gate_cancelled_and_the_server_saw_the_call_canc
     assert cancel_notices(log) == [(request_id(log, "c"), "user pressed stop")]
 
 
+async def test_a_timeout_while_the_server_asks_closes_the_gate(tmp_path: Path) -> None:
+    """The tool's timeout passes while its request for input waits for a person: the gate
+    ends ``cancelled`` ("the tool timed out after 2s") in the store (a SQLite file) before the
+    call's timeout error is journaled, so a late answer is refused (``GateClosed``); the
+    server was told to cancel the call, and the invocation goes on."""
+    log = tmp_path / "log"
+    path = tmp_path / "agents.db"
+    gate = "1:c-ask#input:1"
+    server = stdio_server(log, policy={"ask": ta.mcp.ToolPolicy(timeout=2)})
+    agent = _agent(server, "late")
+    async with ta.stores.SQLiteStore(path) as store, ta.Runner(store=store) as runner:
+        with trio.fail_after(30):
+            outcome = await runner.run(agent, "go")
+        with pytest.raises(ta.GateClosed) as closed:
+            await runner.decide(
+                outcome.invocation_id, gate, approved=True, content={"confirm": True}
+            )
+        assert closed.value.state == "cancelled"
+    assert outcome.status == "completed", outcome
+    assert outcome.gates == {gate: "cancelled"}
+    assert "'ask' of MCP server 'tools_server' timed out after 2s" in _tool_result(agent)
+    assert "cancelled late" in observed(log)
+    async with ta.stores.SQLiteStore(path) as stored:  # what the file holds
+        [end] = await stored.decisions(outcome.invocation_id)
+        journal = await stored.load_events(outcome.invocation_id)
+    assert (end.approval_id, end.state, end.reason) == (
+        gate,
+        "cancelled",
+        "the tool timed out after 2s",
+    )
+    kinds = [e.kind for e in journal]
+    assert kinds.index("input_requested") < kinds.index("input_submitted")
+    assert kinds.index("input_submitted") < kinds.index("tool_call_finished")
+    [submitted] = [e for e in journal if isinstance(e, InputSubmitted)]
+    assert (submitted.request_id, submitted.state) == (gate, "cancelled")
+
+
 async def test_input_is_answered_over_http_through_the_approvals_route(tmp_path: Path) -> None:
     """The approvals route lists the request with its message and schema, refuses content
     that breaks the schema (422) and records an accept; the server got the content."""

@@ -433,6 +433,9 @@ class Invocation:
     def _approval_expires_after(self) -> float | None:
         return self._env.approval_expires_after
 
+    def _cleanup_timeout(self) -> float:
+        return self._env.cleanup_timeout
+
     async def _stored_decisions(self) -> list[ApprovalDecision]:
         return await self._env.store.decisions(self.id)
 

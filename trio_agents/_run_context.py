@@ -79,6 +79,8 @@ class ContextHost(Protocol):
 
     def _approval_expires_after(self) -> float | None: ...
 
+    def _cleanup_timeout(self) -> float: ...
+
     async def _stored_decisions(self) -> list[ApprovalDecision]: ...
 
     async def _end_gates(self, ends: list[ApprovalDecision]) -> list[ApprovalDecision]: ...
@@ -274,6 +276,10 @@ class InvocationContext:
     @property
     def approval_expires_after(self) -> float | None:
         return self._inv._approval_expires_after()
+
+    @property
+    def cleanup_timeout(self) -> float:
+        return self._inv._cleanup_timeout()
 
     async def stored_decisions(self) -> list[ApprovalDecision]:
         return await self._inv._stored_decisions()

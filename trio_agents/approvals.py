@@ -48,6 +48,7 @@ of that run.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -377,6 +378,11 @@ class GateHost(Protocol):
     @property
     def approval_expires_after(self) -> float | None: ...
 
+    @property
+    def cleanup_timeout(self) -> float:
+        """Seconds a cleanup write (shielded) may take."""
+        ...
+
     def stored_decisions(self) -> Awaitable[list[ApprovalDecision]]: ...
 
     def end_gates(self, ends: list[ApprovalDecision]) -> Awaitable[list[ApprovalDecision]]: ...
@@ -583,9 +589,42 @@ async def await_input(
         schema=dict(schema),
         expires_at=expires_at,
     )
-    end = (await host.gates().wait(host, {request_id: expires_at}))[request_id]
+    try:
+        end = (await host.gates().wait(host, {request_id: expires_at}))[request_id]
+    except trio.Cancelled as exc:
+        if not host.stopping():  # (a cancel of the invocation closes its gates as it ends)
+            await _withdraw(host, turn, request_id, _withdrawn_because(exc))
+        raise
     await host.record_gate(InputSubmitted, turn=turn, **_end_fields("input", end))
     return end
+
+
+def _withdrawn_because(exc: trio.Cancelled) -> str:
+    if exc.reason:
+        return exc.reason
+    if exc.source == "deadline":
+        return "the tool timed out"
+    return "the call that asked was cancelled"
+
+
+async def _withdraw(host: GateHost, turn: int, request_id: str, reason: str) -> None:
+    """The call that asked for input stopped waiting while the invocation goes on (its tool
+    timed out, its MCP call ended): nothing would take an answer up, so the gate ends
+    ``cancelled`` with ``reason`` now - recorded in the store (first write wins: an answer
+    that came first stands) and journaled, so no one can answer it and no card stays open.
+    Shielded (we are being cancelled) and bounded by ``cleanup_timeout``; if the store fails,
+    the gate stays open (and a cancel of the invocation closes it at the end)."""
+    end = ApprovalDecision(
+        invocation_id=host.invocation_id,
+        approval_id=request_id,
+        approved=False,
+        state="cancelled",
+        reason=reason,
+    )
+    with trio.CancelScope(shield=True) as scope, contextlib.suppress(StoreError):
+        scope.deadline = trio.current_time() + host.cleanup_timeout
+        for standing in await host.end_gates([end]):
+            await host.record_gate(InputSubmitted, turn=turn, **_end_fields("input", standing))
 
 
 async def end_stale_inputs(host: GateHost, path: str, turn: int, call: ToolCall) -> None:

@@ -42,7 +42,10 @@ is refused at once with an error naming the reason (the server's tool gets the e
 callback asks through the call's ``ask`` (the agent loop's: an ``input`` gate, journaled, that
 a person answers with ``runner.decide``) and sends the answer back as the elicitation's
 result.  A cancel of the invocation ends the wait (the gate ends ``cancelled``): the call is
-then cancelled as above (the server is told) before the invocation's task goes on.
+then cancelled as above (the server is told, with the cancel's reason) before the invocation's
+task goes on.  When the call ends first (its timeout passed, the server died), the wait is
+cancelled and its gate ends ``cancelled`` ("the tool timed out after Ns") before the call's
+result is journaled: no one can answer a request nothing waits for.
 
 Nothing here is persisted: the journal of a call (its intent, its result) is the agent loop's,
 and so is an input gate's.
@@ -107,6 +110,7 @@ class _Flight:
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     stop: Exception | None = None  # StopRequested / PauseRequested from an input wait
     asking: trio.CancelScope | None = None  # the callback's, while it waits for a person
+    asked: trio.Event = attrs.field(factory=trio.Event)  # set when that wait is over
     finished: trio.Event = attrs.field(factory=trio.Event)
     request_id: str | None = None  # set by _Dispatcher once the request is going out
 
@@ -398,9 +402,9 @@ class MCPServer:
             finally:
                 _current_flight.reset(token)
                 conn.calls.remove(flight)
-                if flight.asking is not None:  # the call ended first (a timeout): stop asking
-                    flight.asking.cancel()
                 flight.finished.set()
+                if flight.asking is not None:  # the call ended first (a timeout): stop asking
+                    await self._stop_asking(flight, name)
 
     async def _send_call(
         self,
@@ -415,6 +419,8 @@ class MCPServer:
                 name, arguments, progress_callback=_on_progress(progress)
             )
         except trio.Cancelled as exc:
+            if flight.asking is not None:  # first, before the server drops its request
+                flight.asking.cancel(reason=_ended_asking(flight, name))
             if flight.request_id is not None:  # it went out: the server must hear of it
                 await self._cancel_on_server(conn, flight.request_id, flight.cancel_reason(exc))
             raise
@@ -430,6 +436,17 @@ class MCPServer:
             return f"MCP server {self.name!r}, tool {name!r}: {type(exc).__name__}: {exc}", True
         return _text_of(result), bool(result.is_error)
 
+    async def _stop_asking(self, flight: _Flight, name: str) -> None:
+        """The call ended while its request for input waits for a person (its timeout passed,
+        the server died): cancel the wait - the ``input`` gate then ends ``cancelled`` with
+        the reason given here - and wait until it has, so that the gate is closed before the
+        call's result is journaled.  Shielded, bounded by ``cancel_confirm_timeout``."""
+        assert flight.asking is not None
+        flight.asking.cancel(reason=_ended_asking(flight, name))  # (the first reason stays)
+        with trio.CancelScope(shield=True) as scope:
+            scope.deadline = trio.current_time() + self.cancel_confirm_timeout
+            await flight.asked.wait()
+
     async def _elicit(
         self, calls: list[_Flight], params: mcp_types.ElicitRequestParams
     ) -> mcp_types.ElicitResult | mcp_types.ErrorData:
@@ -444,6 +461,8 @@ class MCPServer:
         flight = calls[0]
         if flight.ask is None:
             return _refusal("this tool call has no one to ask")
+        flight.asked = trio.Event()
+        answer: InputAnswer | None = None
         with trio.CancelScope() as flight.asking:
             try:
                 answer = await flight.ask(params.message, params.requested_schema)
@@ -456,6 +475,9 @@ class MCPServer:
                 return mcp_types.ElicitResult(action="cancel")
             finally:
                 flight.asking = None
+                flight.asked.set()
+        if answer is None:  # the call ended first (_stop_asking): the server stopped asking
+            return mcp_types.ElicitResult(action="cancel")
         if answer.action == "accept":
             return mcp_types.ElicitResult(action="accept", content=answer.content)
         return mcp_types.ElicitResult(action="decline" if answer.action == "decline" else "cancel")
@@ -629,6 +651,13 @@ def _on_progress(
         report(progress, total, message)
 
     return on_progress
+
+
+def _ended_asking(flight: _Flight, name: str) -> str:
+    """Why a request for input of ``flight`` ended unanswered: the call ended first."""
+    if flight.timeout is not None and flight.timer.cancel_called:
+        return f"the tool timed out after {flight.timeout:g}s"
+    return f"the call of tool {name!r} ended first"
 
 
 def _stop_reason(exc: StopRequested | PauseRequested) -> str:

@@ -37,8 +37,9 @@ class ToolPolicy:
         idempotent: calling it twice is harmless, so a call whose outcome a crash of this
             process left unknown is sent again on resume (otherwise the model is told the
             outcome is unknown).
-        timeout: seconds one call may take; then the server is told to cancel it and the model
-            gets an error result.
+        timeout: seconds one call may take (a wait for a person's input included); then the
+            server is told to cancel it ("timed out after <timeout>s"), a request for input
+            still open ends ``cancelled``, and the model gets an error result.
         approval_prompt: what a person deciding on a call is shown.
     """
 
