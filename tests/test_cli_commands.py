@@ -311,3 +311,58 @@ async def test_invocations_tell_an_orphan_and_its_takeover(tmp_path: Path) -> No
     assert "over from dead-process by heir" in shown
     assert "runs" in shown
     assert "2 (resumed 1x)" in shown
+
+
+async def test_decide_answers_a_request_for_input(tmp_path: Path) -> None:
+    """`decide GATE_ID --content JSON` answers an MCP server's request for input (an ``input``
+    gate) of an invocation running in another process: the server gets the content.  Content
+    that is not JSON, or breaks the request's schema, is one error line (status 2) and the gate
+    stays open.  `decide -h` stays whole at 80 columns."""
+    import trio_agents as ta
+    from trio_agents.models import ScriptedModel
+    from trio_agents.models.scripted import ScriptedTurn
+    from trio_agents.stores import SQLiteStore
+
+    from .mcp_servers import observed, stdio_server
+    from .test_mcp_elicit import _requested, _tool_result
+
+    helped = await cli(tmp_path, "decide", "-h", COLUMNS="80", TERMINAL_WIDTH="80")
+    assert helped.code == 0, helped
+    for option in ("--approve", "--deny", "--content", "--action", "--reason", "--store"):
+        assert re.search(rf"{option}(?![\w…-])", helped.out), (option, helped.out)
+    assert "decline, or cancel" in helped.out  # what --action takes
+    assert max(len(line) for line in helped.out.splitlines()) <= 80, helped.out
+
+    log = tmp_path / "log"
+    call = ScriptedTurn.call("ask", json.dumps({"tag": "cli"}), id="c-ask")
+    agent = ta.Agent(name="ops", model=ScriptedModel([call, "done"]), tools=[stdio_server(log)])
+    async with (
+        SQLiteStore(tmp_path / ".trio_agents" / "agents.db") as store,
+        ta.Runner(store=store) as runner,
+    ):
+        inv = await runner.start(agent, "go")
+        gate = (await _requested(store, inv.id)).request_id
+        assert gate == "1:c-ask#input:1"
+
+        not_json = await cli(tmp_path, "decide", inv.id, gate, "--content", "{confirm: true}")
+        assert not_json.code == 2, not_json
+        assert "--content is not JSON: Expecting property name" in one_error_line(not_json)
+        breaks = await cli(tmp_path, "decide", inv.id, gate, "--content", '{"confirm": "yes"}')
+        assert breaks.code == 2, breaks
+        assert "confirm: 'yes' is not of type 'boolean'" in one_error_line(breaks)
+        shown = json.loads((await cli(tmp_path, "invocations", "show", inv.id, "--json")).out)
+        [open_gate] = shown["gates"]
+        assert (open_gate["kind"], open_gate["state"]) == ("input", "open")
+        assert open_gate["message"] == "Proceed with cli?"
+        assert runner.is_active(inv.id)
+
+        answer = '{"confirm": true, "note": "from the cli"}'
+        done = await cli(tmp_path, "decide", inv.id, gate, "--content", answer)
+        assert done.code == 0, done
+        assert f"accepted {gate} of {inv.id}" in done.out
+        with trio.fail_after(20):
+            outcome = await inv.wait()
+    assert outcome.status == "completed", outcome
+    assert outcome.gates == {gate: "submitted"}
+    assert _tool_result(agent) == "accept: confirm=True note=from the cli"
+    assert "answer-accept cli" in observed(log)

@@ -4,8 +4,8 @@
 ``demo``                               the offline demo (:mod:`._run`)
 ``run``, ``resume``                    one invocation at the terminal (:mod:`._run`)
 ``chat``                               a conversation over a turn loop (:mod:`._chat`)
-``invocations ls|show``, ``decide``    what a store holds; decide an approval
-                                       (:mod:`._invocations`)
+``invocations ls|show``, ``decide``    what a store holds; decide an approval, answer a
+                                       request for input (:mod:`._invocations`)
 ``sessions ls|show``                   conversations (:mod:`._sessions`)
 ``serve``                              the HTTP / SSE / WebSocket server (:mod:`._serve`)
 ``batch``, ``batch cancel|status``,    batches (:mod:`._batch`)

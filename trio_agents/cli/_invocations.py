@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime
+from enum import StrEnum
 from typing import Annotated, Any
 
 import trio
@@ -25,6 +26,7 @@ from .._exceptions import UsageError
 from ..events import (
     ApprovalRequested,
     Event,
+    InputRequested,
     InvocationEnded,
     InvocationStarted,
     ToolCallFinished,
@@ -120,6 +122,7 @@ def _details(record: InvocationRecord, events: list[Event]) -> dict[str, Any]:
             call["seconds"] = round(event.at - call["started_at"], 3)
     gates = approvals.tally(events)
     asked = {approvals.id_of(e): e for e in events if isinstance(e, ApprovalRequested)}
+    inputs = {e.request_id: e for e in events if isinstance(e, InputRequested)}
     return {
         **record_json(record),
         "reason": last.reason if last else None,
@@ -136,6 +139,11 @@ def _details(record: InvocationRecord, events: list[Event]) -> dict[str, Any]:
                 "tool": info.tool,
                 "state": info.state,
                 "arguments": asked[gate_id].call.arguments if gate_id in asked else None,
+                **(
+                    {"message": inputs[gate_id].message, "schema": inputs[gate_id].schema}
+                    if gate_id in inputs
+                    else {}
+                ),
             }
             for gate_id, info in gates.items()
         ],
@@ -281,14 +289,43 @@ async def _show(store_url: str, invocation_id: str, as_json: bool) -> int:
             )
         out.print(table)
     for gate in info["gates"]:
+        asks = f" [dim]{escape(gate['message'])}[/]" if gate.get("message") else ""
         out.print(
             f"  [yellow]{gate['kind']}[/] {escape(gate['id'])} on {escape(gate['tool'])}: "
-            f"{gate['state']}"
+            f"{gate['state']}{asks}"
         )
     if info["output"]:
         out.print("[dim]output:[/]")
         out.print(info["output"], markup=False)
     return Exit.COMPLETED
+
+
+class InputAction(StrEnum):
+    """``--action``: how a request for input is answered."""
+
+    accept = "accept"
+    decline = "decline"
+    cancel = "cancel"
+
+
+_ANSWERED = {
+    "accept": "[green]accepted[/]",
+    "decline": "[red]declined[/]",
+    "cancel": "[yellow]dismissed[/]",
+}
+
+
+def _content_of(text: str | None) -> dict[str, Any] | None:
+    """``--content``: a JSON object, or a clear error saying what is wrong with it."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--content is not JSON: {exc} (in {text!r})") from None
+    if not isinstance(value, dict):
+        raise UsageError(f"--content must be a JSON object {{...}}, got {text!r}")
+    return value
 
 
 async def _decide(
@@ -300,10 +337,26 @@ async def _decide(
     reason: str | None,
     arguments: str | None,
     agent: str | None,
+    content: str | None = None,
+    action: str | None = None,
 ) -> int:
     agents = [load_agent(agent)] if agent else []
+    answer = _content_of(content)
     async with existing_store(store_url) as store:
         record = await store.get_invocation(invocation_id)
+        gate = approvals.tally(await store.load_events(invocation_id)).get(approval_id)
+        asks_input = gate is not None and gate.kind == "input"
+        if (content is not None or action is not None) and gate is not None and not asks_input:
+            raise UsageError(
+                f"--content and --action answer a request for input; {approval_id!r} is "
+                f"{'an' if gate.kind == 'approval' else 'a'} {gate.kind} gate"
+            )
+        if asks_input and approved and answer is None and action in (None, "accept"):
+            raise UsageError(
+                f"accepting request for input {approval_id!r} needs --content JSON, an object "
+                f"matching its schema (see `trio-agents invocations show {invocation_id} "
+                "--json`); or --deny, or --action cancel"
+            )
         async with Runner(store=store, agents=agents) as runner:
             recorded = await runner.decide(
                 invocation_id,
@@ -312,14 +365,25 @@ async def _decide(
                 reason=reason,
                 by="cli",
                 arguments=arguments,
+                content=answer,
+                action=action,
             )
     out = console()
     if not recorded:
         out.print(f"{escape(approval_id)} was decided already: the first decision stands")
         return Exit.FAILED
-    word = "[green]approved[/]" if approved else "[red]denied[/]"
+    if asks_input:
+        word = _ANSWERED[action or ("accept" if approved else "decline")]
+    else:
+        word = "[green]approved[/]" if approved else "[red]denied[/]"
     out.print(f"{word} {escape(approval_id)} of {escape(invocation_id)}")
-    if record.status == "paused":
+    if record.status == "paused" and asks_input:
+        out.print(
+            f"{invocation_id} is paused: the call that asked was cut off, so no tool gets "
+            "this answer; `resume` calls it again (an idempotent tool asks anew) or tells "
+            "the model its outcome is unknown"
+        )
+    elif record.status == "paused":
         out.print(
             f"continue it with: trio-agents resume {invocation_id} "
             f"--agent {agent or 'MODULE:AGENT'} --store {store_url}"
@@ -357,12 +421,34 @@ def register(app: typer.Typer) -> None:
     def decide(
         invocation_id: IdArg,
         approval_id: Annotated[
-            str, typer.Argument(metavar="APPROVAL_ID", help="the approval's id (see `show`)")
+            str,
+            typer.Argument(
+                metavar="GATE_ID", help="the approval's or request for input's id (see `show`)"
+            ),
         ],
         approve: Annotated[
             bool | None,
             typer.Option(
-                "--approve/--deny", help="approve the call, or deny it", show_default=False
+                "--approve/--deny",
+                help="approve the call, or deny it (input: accept, or decline)",
+                show_default=False,
+            ),
+        ] = None,
+        content: Annotated[
+            str | None,
+            typer.Option(
+                metavar="JSON",
+                help="accept a request for input with this JSON object (checked against "
+                "its schema)",
+            ),
+        ] = None,
+        action: Annotated[
+            InputAction | None,
+            typer.Option(
+                metavar="ACTION",
+                help="answer a request for input: accept (with --content), decline, or "
+                "cancel (dismiss it)",
+                show_default=False,
             ),
         ] = None,
         reason: Annotated[str | None, typer.Option(help="why (the model reads it)")] = None,
@@ -375,18 +461,38 @@ def register(app: typer.Typer) -> None:
         ] = None,
         store: StoreOption = DEFAULT_STORE,
     ) -> None:
-        """Approve or deny a tool call an invocation waits for (it runs here, in another
-        process, or ended paused: then `resume` it)."""
-        if approve is None:
-            raise typer.BadParameter("say --approve or --deny", param_hint="'--approve/--deny'")
+        """Approve or deny a tool call an invocation waits for, or answer a request for
+        input of a running call (an MCP server's elicitation).  The invocation runs here,
+        in another process, or ended paused: then `resume` it."""
+        chosen = None if action is None else action.value
+        if chosen is None and content is not None:
+            chosen = "accept"
+        if approve is None and chosen is None:
+            raise typer.BadParameter(
+                "say --approve or --deny (or --content/--action to answer a request for input)",
+                param_hint="'--approve/--deny'",
+            )
+        if chosen is not None and approve is not None and approve != (chosen == "accept"):
+            raise typer.BadParameter(
+                f"--{'approve' if approve else 'deny'} contradicts "
+                + ("--content" if action is None else f"--action {chosen}"),
+                param_hint="'--approve/--deny'",
+            )
+        if content is not None and chosen != "accept":
+            raise typer.BadParameter(
+                f"--content comes with an accept, not --action {chosen}", param_hint="'--content'"
+            )
+        approved = approve if approve is not None else chosen == "accept"
         execute(
             lambda: _decide(
                 store,
                 invocation_id,
                 approval_id,
-                approved=approve,
+                approved=approved,
                 reason=reason,
                 arguments=arguments,
                 agent=agent,
+                content=content,
+                action=chosen,
             )
         )
