@@ -8,14 +8,14 @@ at the expiry instant on real PostgreSQL with two stores (two pools: two process
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import trio
 
 from trio_agents import Agent, LeaseError, Runner, SessionBusy, StoreUnavailableError
 from trio_agents.models import ScriptedModel, ScriptedTurn
-from trio_agents.stores import InvocationRecord, Lease, MemoryStore, PostgresStore
+from trio_agents.stores import InvocationRecord, Lease, MemoryStore, OwnerLeases, PostgresStore
 
 from .conftest import StoreCase
 
@@ -41,6 +41,12 @@ async def rows(case: StoreCase) -> dict[str, Any]:
     extra = ", xmin::text" if case.kind == "postgres" else ""
     found = await case.raw(f"SELECT id, lease_expires_at, updated_at{extra} FROM invocations")
     return {row[0]: row[1:] for row in found}
+
+
+def owners(case: StoreCase) -> OwnerLeases:
+    """The store, as one that renews an owner's row alone (each store here does)."""
+    assert callable(getattr(type(case.store), "renew_owner", None))
+    return cast(OwnerLeases, case.store)
 
 
 async def start(case: StoreCase, ids: list[str], owner: str = "a") -> list[Lease]:
@@ -161,21 +167,91 @@ async def test_a_start_before_its_owners_first_round_keeps_its_own_lease(
     assert await case.store.orphans(["ops"]) == []
 
 
+# ---- renew_owner: the owner's row alone, without the leases ---------------------------------
+
+
+async def test_renew_owner_renews_every_covered_invocation_and_writes_none(
+    case: StoreCase,
+) -> None:
+    """``renew_owner`` with the generation its rows carry: one row moves, every covered
+    invocation reads with the new expiry (none can be taken over, none is an orphan), and no
+    invocation row is written; it says when the renewal was counted from."""
+    ids = [f"i{k}" for k in range(5)]
+    [gen] = {lease.owner_gen for lease in await renewed(case, await start(case, ids))}
+    before = await rows(case)
+    for _ in range(3):
+        case.clock.advance(TTL / 3)
+        got = await owners(case).renew_owner("a", gen, ttl=TTL)
+        assert got is not None
+        assert (got.owner, got.gen, got.expires_at) == ("a", gen, case.clock.now + TTL)
+        assert got.counted_from is not None
+    assert await rows(case) == before, "renew_owner wrote invocation rows"
+    for i in ids:
+        assert (await case.store.get_invocation(i)).lease_expires_at == case.clock.now + TTL
+    case.clock.advance(TTL - 1)
+    assert await case.store.orphans(["ops"]) == []
+    with pytest.raises(LeaseError):
+        await case.store.acquire_lease("i0", owner="b", ttl=TTL)
+    # An invocation started now is stamped with the same generation: covered too.
+    [fresh] = await start(case, ["late"])
+    assert fresh.owner_gen == gen
+    assert await owners(case).renew_owner("a", gen, ttl=TTL) is not None
+    case.clock.advance(TTL - 1)
+    assert await case.store.orphans(["ops"]) == []
+
+
+async def test_renew_owner_says_no_for_a_lapsed_row_or_another_generation(
+    case: StoreCase,
+) -> None:
+    """``None``, changing nothing, when the owner's row lapsed (a takeover may be under way:
+    the orphans stay orphans), for a generation a takeover moved on, for generation 0 and
+    for an owner with no row; then ``renew_leases`` fences each lease and revives the row
+    under a new generation, which ``renew_owner`` renews again."""
+    leases = await renewed(case, await start(case, ["x", "y"]))
+    gen = leases[0].owner_gen
+    assert await owners(case).renew_owner("a", 0, ttl=TTL) is None
+    assert await owners(case).renew_owner("nobody", gen, ttl=TTL) is None
+    assert await owners(case).renew_owner("a", gen + 1, ttl=TTL) is None
+    case.clock.advance(TTL + 1)
+    assert await owners(case).renew_owner("a", gen, ttl=TTL) is None
+    assert [r.id for r in await case.store.orphans(["ops"])] == ["x", "y"]
+    taken = await case.store.acquire_lease("y", owner="b", ttl=TTL, expect_epoch=1)
+    assert await owners(case).renew_owner("a", gen, ttl=TTL) is None
+    results = await case.store.renew_leases(leases, ttl=TTL)
+    assert isinstance(results[1], LeaseError)
+    [kept] = [r for r in results if isinstance(r, Lease)]
+    assert kept.owner_gen > gen
+    assert await owners(case).renew_owner("a", gen, ttl=TTL) is None  # the old one: never again
+    case.clock.advance(TTL / 3)
+    assert await owners(case).renew_owner("a", kept.owner_gen, ttl=TTL) is not None
+    assert (await case.store.get_invocation("x")).lease_expires_at == case.clock.now + TTL
+    assert (await case.store.get_invocation("y")).owner == taken.owner == "b"
+
+
 # ---- PostgreSQL: a renewal and a takeover at the expiry instant -------------------------------
 
 ROUNDS = 40
 
 
 async def race(
-    a: PostgresStore, b: PostgresStore, leases: list[Any], invocation_id: str, rnd: random.Random
+    a: PostgresStore,
+    b: PostgresStore,
+    leases: list[Any],
+    invocation_id: str,
+    rnd: random.Random,
+    call: str = "renew_leases",
 ) -> dict[str, Any]:
-    """``a`` renews ``leases`` while ``b`` takes ``invocation_id`` over, each after a random
-    pause of a few milliseconds; what each got."""
+    """``a`` renews ``leases`` (``call``: all of them, or their owner's row alone) while ``b``
+    takes ``invocation_id`` over, each after a random pause of a few milliseconds; what each
+    got."""
     got: dict[str, Any] = {}
 
     async def renew() -> None:
         await trio.sleep(rnd.uniform(0, 0.004))
-        got["renew"] = await a.renew_leases(leases, ttl=TTL)
+        if call == "renew_owner":
+            got["renew"] = await a.renew_owner(leases[0].owner, leases[0].owner_gen, ttl=TTL)
+        else:
+            got["renew"] = await a.renew_leases(leases, ttl=TTL)
 
     async def take() -> None:
         await trio.sleep(rnd.uniform(0, 0.004))
@@ -192,14 +268,16 @@ async def race(
 
 
 @pytest.mark.postgres
+@pytest.mark.parametrize("call", ["renew_leases", "renew_owner"])
 async def test_a_takeover_racing_a_renewal_at_the_expiry_instant_never_makes_two_holders(
-    postgres_url: str, postgres_schema: str
+    postgres_url: str, postgres_schema: str, call: str
 ) -> None:
     """Store ``a`` (the owner) renews a just-before-expiry round while store ``b`` takes one
     of its invocations over just after, on separate connections, in random order and with
     random clocks either side of the owner's expiry: never both (a renewal that read its
     clock first and committed second would otherwise renew a run ``b`` holds).  Exactly
-    one wins each round, and the loser's answer is a LeaseError."""
+    one wins each round, and the loser's answer is a LeaseError (``renew_owner``: ``None``,
+    the round then goes row by row)."""
     rnd = random.Random()
     clock_a, clock_b = [1_700_000_000.0], [1_700_000_000.0]
     async with (
@@ -219,11 +297,14 @@ async def test_a_takeover_racing_a_renewal_at_the_expiry_instant_never_makes_two
             expiry = base + TTL
             clock_a[0] = expiry - rnd.uniform(0, 0.01)
             clock_b[0] = expiry + rnd.uniform(0, 0.01)
-            got = await race(a, b, stamped, f"r{k}-x", rnd)
-            renewed_x = isinstance(got["renew"][0], Lease)
+            got = await race(a, b, stamped, f"r{k}-x", rnd, call)
             took = isinstance(got["take"], Lease)
+            if call == "renew_owner":
+                renewed_x = got["renew"] is not None
+            else:
+                renewed_x = isinstance(got["renew"][0], Lease)
+                assert all(isinstance(r, Lease) for r in got["renew"][1:])
             assert renewed_x != took, (k, got)
-            assert all(isinstance(r, Lease) for r in got["renew"][1:])
             # And the store agrees with the winner.
             [(owner,)] = await a._execute(
                 ("SELECT owner FROM invocations WHERE id = ?", (f"r{k}-x",))

@@ -19,6 +19,8 @@ from ._base import InvocationRecord as InvocationRecord
 from ._base import InvocationStatus as InvocationStatus
 from ._base import JournalWrite as JournalWrite
 from ._base import Lease as Lease
+from ._base import OwnerLeases as OwnerLeases
+from ._base import OwnerRenewal as OwnerRenewal
 from ._base import Requests as Requests
 from ._base import Session as Session
 from ._base import SessionEntry as SessionEntry

@@ -56,7 +56,10 @@ the invocation keeps its own expiry until the owner's next round revives the row
 once).  Owner rows are never deleted (one per runner that ever held a lease, a few dozen
 bytes): a generation is never reused, and :meth:`Store.orphans` reads them all (one index probe
 each).  An owner name belongs to one live runner at a time (the default is unique per runner):
-a round of one runner renews the owner's row for every invocation stamped under it.
+a round of one runner renews the owner's row for every invocation stamped under it.  A runner
+that knows the generation its invocations are stamped with renews that row without sending
+their leases (:meth:`OwnerLeases.renew_owner`: O(1) whatever it holds), and falls back to
+:meth:`Store.renew_leases` when that says no.
 
 **Sessions.**  At most one invocation of a session runs at a time unless asked otherwise
 (``exclusive_session=False``): :meth:`Store.create_invocation` and :meth:`Store.acquire_lease`
@@ -121,6 +124,8 @@ __all__ = [
     "InvocationStatus",
     "JournalWrite",
     "Lease",
+    "OwnerLeases",
+    "OwnerRenewal",
     "Requests",
     "Session",
     "SessionEntry",
@@ -193,6 +198,22 @@ class Lease:
     expires_at: float
     counted_from: float | None = attrs.field(default=None, eq=False, repr=False)
     owner_gen: int = attrs.field(default=0, eq=False, repr=False)
+
+
+@attrs.frozen(kw_only=True)
+class OwnerRenewal:
+    """What :meth:`OwnerLeases.renew_owner` returns: ``owner``'s row renewed under generation
+    ``gen`` until ``expires_at`` (store clock, Unix seconds) - and with it every running
+    invocation stamped with that generation (see "Owners" in :mod:`trio_agents.stores`).
+
+    ``counted_from`` is as :attr:`Lease.counted_from`: ``time.monotonic()`` here, at or
+    before the moment the store counted ``expires_at`` from; ``None`` when unknown.
+    """
+
+    owner: str
+    gen: int
+    expires_at: float
+    counted_from: float | None = attrs.field(default=None, eq=False, repr=False)
 
 
 @attrs.frozen(kw_only=True)
@@ -768,4 +789,26 @@ class Store(BatchStore, Protocol):
 
     async def aclose(self) -> None:
         """Release connections and threads.  Idempotent."""
+        ...
+
+
+class OwnerLeases(Protocol):
+    """What a store adds to :class:`Store` to renew a live owner's row alone, in O(1): the
+    fast path of :meth:`Store.renew_leases` without its list of leases.  Optional (the memory,
+    SQLite and PostgreSQL stores have it).  A runner uses it when the store's *class* defines
+    ``renew_owner`` (a proxy that forwards other calls through ``__getattr__`` keeps the
+    runner on :meth:`Store.renew_leases`, which it may intercept); otherwise each round sends
+    every lease to :meth:`Store.renew_leases`.
+    """
+
+    async def renew_owner(self, owner: str, gen: int, *, ttl: float) -> OwnerRenewal | None:
+        """Renew ``owner``'s row for ``ttl`` seconds (never shortening it) if its generation
+        is ``gen`` and it has not lapsed: every running invocation stamped with ``gen`` is
+        renewed with it, and none is read or written.  ``None`` (nothing changes) otherwise:
+        the row lapsed, its generation moved on (a takeover of an invocation it covered, a
+        revival after a lapse) or there is none; the caller then renews its leases one by one
+        (:meth:`Store.renew_leases`), which fences each.  As there, nobody can have taken any
+        covered invocation over meanwhile (a takeover needs the row lapsed, or bumps its
+        generation).
+        """
         ...

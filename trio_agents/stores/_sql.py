@@ -78,6 +78,7 @@ from ._base import (
     InvocationRecord,
     InvocationStatus,
     Lease,
+    OwnerRenewal,
     Requests,
 )
 from ._records import check_orphan, lease_held, lease_taken
@@ -605,6 +606,27 @@ def release_lease(tx: Tx, lease: Lease) -> bool:
     return changed > 0
 
 
+def _renew_owner_row(tx: Tx, owner: str, gen: int, expires_at: float) -> bool:
+    """Move ``owner``'s row to ``expires_at`` (never back) if it is live under ``gen``: the
+    owner row alone (it is all this locks).  PostgreSQL rechecks the WHERE on the newest row
+    once a takeover that locked it commits: a bumped gen fails."""
+    return gen > 0 and bool(
+        tx.run(
+            "UPDATE owners SET expires_at = CASE WHEN expires_at > ? THEN expires_at ELSE ? END"
+            " WHERE owner = ? AND gen = ? AND expires_at > ?",
+            (expires_at, expires_at, owner, gen, tx.now()),
+        )
+    )
+
+
+def renew_owner(tx: Tx, owner: str, gen: int, ttl: float) -> OwnerRenewal | None:
+    """One ``UPDATE`` of the owner's row, or ``None`` (see :meth:`OwnerLeases.renew_owner`)."""
+    expires_at = tx.now() + ttl
+    if not _renew_owner_row(tx, owner, gen, expires_at):
+        return None
+    return OwnerRenewal(owner=owner, gen=gen, expires_at=expires_at, counted_from=tx.began)
+
+
 def renew_leases(tx: Tx, leases: Sequence[Lease], ttl: float) -> list[Lease | LeaseError]:
     """The fast path (one owner, one current generation, its row live: one ``UPDATE`` of
     the owner's row), else row by row (see :meth:`Store.renew_leases`)."""
@@ -612,17 +634,9 @@ def renew_leases(tx: Tx, leases: Sequence[Lease], ttl: float) -> list[Lease | Le
         return []
     expires_at = tx.now() + ttl
     owner, gen = leases[0].owner, leases[0].owner_gen
-    # The owner row alone (it is all this transaction locks).  PostgreSQL rechecks the
-    # WHERE on the newest row once a takeover that locked it commits: a bumped gen fails.
-    if (
-        gen
-        and all(lease.owner == owner and lease.owner_gen == gen for lease in leases)
-        and tx.run(
-            "UPDATE owners SET expires_at = CASE WHEN expires_at > ? THEN expires_at ELSE ? END"
-            " WHERE owner = ? AND gen = ? AND expires_at > ?",
-            (expires_at, expires_at, owner, gen, tx.now()),
-        )
-    ):
+    if all(
+        lease.owner == owner and lease.owner_gen == gen for lease in leases
+    ) and _renew_owner_row(tx, owner, gen, expires_at):
         return [
             attrs.evolve(lease, expires_at=expires_at, counted_from=tx.began) for lease in leases
         ]

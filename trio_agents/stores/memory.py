@@ -42,6 +42,7 @@ from ._base import (
     InvocationStatus,
     JournalWrite,
     Lease,
+    OwnerRenewal,
     Requests,
     Session,
     SessionEntry,
@@ -319,6 +320,23 @@ class MemoryStore(MemoryBatches):
         self._records[lease.invocation_id] = attrs.evolve(record, lease_expires_at=self._clock())
         return True
 
+    def _renew_owner_row(self, owner: str, gen: int, now: float, expires_at: float) -> bool:
+        """As ``_sql._renew_owner_row``: ``owner``'s row moved to ``expires_at`` (never back)
+        if it is live under ``gen``."""
+        owned = self._owners.get(owner)
+        if not gen or owned is None or owned[1] != gen or not owned[0] > now:
+            return False
+        self._owners[owner] = (max(owned[0], expires_at), gen)
+        return True
+
+    async def renew_owner(self, owner: str, gen: int, *, ttl: float) -> OwnerRenewal | None:
+        await trio.lowlevel.checkpoint()
+        counted_from = time.monotonic()
+        now = self._clock()
+        if not self._renew_owner_row(owner, gen, now, now + ttl):
+            return None
+        return OwnerRenewal(owner=owner, gen=gen, expires_at=now + ttl, counted_from=counted_from)
+
     async def renew_leases(
         self, leases: Sequence[Lease], *, ttl: float
     ) -> list[Lease | LeaseError]:
@@ -329,15 +347,10 @@ class MemoryStore(MemoryBatches):
         if not leases:
             return []
         owner, gen = leases[0].owner, leases[0].owner_gen
-        owned = self._owners.get(owner)
-        if (
-            gen
-            and owned is not None
-            and owned[1] == gen
-            and owned[0] > now
-            and all(lease.owner == owner and lease.owner_gen == gen for lease in leases)
-        ):  # the fast path: the owner's row alone (see _sql.renew_leases)
-            self._owners[owner] = (max(owned[0], expires_at), gen)
+        if all(
+            lease.owner == owner and lease.owner_gen == gen for lease in leases
+        ) and self._renew_owner_row(owner, gen, now, expires_at):
+            # the fast path: the owner's row alone (see _sql.renew_leases)
             return [
                 attrs.evolve(lease, expires_at=expires_at, counted_from=counted_from)
                 for lease in leases

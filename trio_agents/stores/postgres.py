@@ -91,6 +91,7 @@ from ._base import (
     InvocationStatus,
     JournalWrite,
     Lease,
+    OwnerRenewal,
     Requests,
     Session,
     SessionEntry,
@@ -530,6 +531,9 @@ class PostgresStore(SQLBatches):
         self, leases: Sequence[Lease], *, ttl: float
     ) -> list[Lease | LeaseError]:
         return await self._run(partial(_sql.renew_leases, leases=list(leases), ttl=ttl))
+
+    async def renew_owner(self, owner: str, gen: int, *, ttl: float) -> OwnerRenewal | None:
+        return await self._run(partial(_sql.renew_owner, owner=owner, gen=gen, ttl=ttl))
 
     async def release_lease(self, lease: Lease) -> bool:
         return await self._run(partial(_sql.release_lease, lease=lease))

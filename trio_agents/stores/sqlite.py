@@ -102,6 +102,7 @@ from ._base import (
     InvocationStatus,
     JournalWrite,
     Lease,
+    OwnerRenewal,
     Requests,
     Session,
     SessionEntry,
@@ -592,6 +593,12 @@ class SQLiteStore(SQLBatches):
             write=True,
             urgent=True,
             rows=len(leases),
+        )
+
+    async def renew_owner(self, owner: str, gen: int, *, ttl: float) -> OwnerRenewal | None:
+        # Urgent, as renew_leases: the deadline of every invocation it covers hangs on it.
+        return await self._run(
+            partial(_sql.renew_owner, owner=owner, gen=gen, ttl=ttl), write=True, urgent=True
         )
 
     async def release_lease(self, lease: Lease) -> bool:
