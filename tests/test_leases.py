@@ -22,7 +22,14 @@ import trio
 from trio_agents import Agent, Invocation, Runner
 from trio_agents._invocation import LEASE_MARGIN
 from trio_agents.models import ScriptedModel, ScriptedTurn
-from trio_agents.stores import Lease, MemoryStore, PostgresStore, SQLiteStore, Store
+from trio_agents.stores import (
+    Lease,
+    MemoryStore,
+    OwnerRenewal,
+    PostgresStore,
+    SQLiteStore,
+    Store,
+)
 
 from .conftest import MEMORY, POSTGRES, SQLITE
 
@@ -36,9 +43,10 @@ def waiting_agent() -> Agent:
 
 class Queued:
     """A store whose calls that take or renew leases (those named in ``slow``) wait ``wait``
-    seconds before they reach the store, as they do in its queue under load."""
+    seconds before they reach the store, as they do in its queue under load.  (``slow``
+    ``renew_leases``: every renewal round, ``renew_owner`` too.)"""
 
-    def __init__(self, inner: Store, slow: str, wait: float) -> None:
+    def __init__(self, inner: MemoryStore, slow: str, wait: float) -> None:
         self._inner = inner
         self._slow = slow
         self._wait = wait
@@ -64,6 +72,11 @@ class Queued:
         await self._queue("renew_leases")
         result: list[Any] = await self._inner.renew_leases(leases, ttl=ttl)
         return result
+
+    async def renew_owner(self, owner: str, gen: int, *, ttl: float) -> OwnerRenewal | None:
+        # A round of a live owner (the runner's lease clock), queued as a round is.
+        await self._queue("renew_leases")
+        return await self._inner.renew_owner(owner, gen, ttl=ttl)
 
 
 # With a 6 s lease a holder stops 5 s after its lease was counted from; rounds are 2 s apart,

@@ -198,7 +198,9 @@ async def test_500_streams_started_at_once_keep_their_leases_past_a_long_store_q
                     # Local deadlines first, then the records: a renewal seen here was
                     # committed before the records are read.
                     offset = time.time() - trio.current_time()
-                    local = {inv.id: inv._lease_deadline + offset for inv in list(invs)}
+                    clock = runner._leases
+                    assert clock is not None
+                    local = {inv.id: clock.stop_of(inv) + offset for inv in list(invs)}
                     records = await observer.list_invocations(status="running", limit=N + 10)
                     now = time.time()
                     for r in records:

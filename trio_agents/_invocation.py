@@ -25,10 +25,13 @@ The one ending
 
 The lease
     The lease's local deadline (when the store would let another process take it, less a
-    margin) bounds the deadline of the invocation's cancel scope: an invocation whose lease could
-    not be renewed in time stops itself before anyone else may take it over.  It is counted
-    from when the store began the transaction that took or renewed the lease
-    (:func:`lease_deadline`), so a call that waited in the store's queue costs no lease.
+    margin) bounds the invocation: an invocation whose lease could not be renewed in time stops
+    itself before anyone else may take it over.  It is counted from when the store began the
+    transaction that took or renewed the lease (:func:`lease_deadline`), so a call that waited
+    in the store's queue costs no lease.  From its start until a round of the runner covers it,
+    the deadline is its own (its cancel scope's); while the runner's owner row covers it, it is
+    the runner's lease clock's, one for all (:mod:`._lease_clock`), which moves it to its own
+    scope again if it passes with no renewal.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ import trio
 from . import approvals
 from ._exceptions import SessionNotFound, StoreError, UsageError
 from ._gate_closer import GateCloser
+from ._lease_clock import LEASE_MARGIN as LEASE_MARGIN
+from ._lease_clock import LeaseClock, lease_deadline
 from ._outcome import Outcome, history_of, leaf, partial_output, signals
 from ._recorder import Recorder
 from ._run_context import InvocationContext
@@ -86,36 +91,12 @@ __all__ = [
 
 NO_USAGE: Final = Usage()  # frozen: one for every invocation that has used nothing yet
 
-LEASE_MARGIN: Final = 1 / 6
-"""The part of ``lease_ttl`` an invocation keeps in hand: it stops itself that long before
-its lease would expire."""
-
 
 def writes_turns(agent: AgentLike) -> bool:
     """Whether ``agent`` writes its session's conversation itself, turn by turn, each entry
     with the journal event it mirrors (a live session: see :mod:`trio_agents.live`): then its
     invocation writes neither the opening entry (its input) nor the closing one (its answer)."""
     return getattr(agent, "writes_session_turns", False) is True
-
-
-def lease_deadline(lease: Lease, sent_at: float, lease_ttl: float) -> float:
-    """When the holder of ``lease``, just returned by a call sent at ``sent_at``, must stop
-    (trio time): ``lease_ttl`` less the margin, counted from when the store began the
-    transaction that took or renewed it (:attr:`~.stores.Lease.counted_from`), not from when
-    the call was sent - a call that waited in the store's queue costs no lease.
-
-    ``counted_from`` (``time.monotonic()``) becomes trio time by the distance back from now.
-    Trio's clock is read first, so that distance comes out long, never short.  The result is
-    kept at or after ``sent_at`` (the transaction cannot begin before its call was sent; and
-    a mock clock such as ``autojump_clock`` runs apart from ``time.monotonic()``, so real time
-    spent in a thread must not count back past it) and at or before now.  Without
-    ``counted_from`` the lease counts from ``sent_at``.
-    """
-    begin = sent_at
-    if lease.counted_from is not None:
-        now = trio.current_time()
-        begin = max(sent_at, min(now, now - (time.monotonic() - lease.counted_from)))
-    return begin + lease_ttl * (1 - LEASE_MARGIN)
 
 
 class Watchlist:
@@ -162,6 +143,7 @@ class InvocationEnv:
     forget: Callable[[Invocation], None]
     endings: trio.Semaphore  # turns to store an ending (runner.ENDINGS_AT_ONCE; see _run)
     watchlist: Watchlist  # what the runner's watcher may still change (see _upkeep)
+    leases: LeaseClock  # the runner's lease holders and their shared deadline
     hooks: HookSet | None = None
     approval_expires_after: float | None = None
 
@@ -242,7 +224,8 @@ class Invocation:
         self._env = env
         self._token = trio.lowlevel.current_trio_token()
         self._scope = trio.CancelScope()
-        self._lease_deadline = math.inf  # trio time: stop before the lease could be taken over
+        # trio time: stop before the lease could be taken over (inf: the lease clock stops it)
+        self._lease_deadline = math.inf
         self._grace_deadline = math.inf  # trio time: a safe-point cancel becomes immediate
         self._stream_scopes: list[trio.CancelScope] = []  # one per open stream (few)
         self._gates: approvals.Gates | None = None
@@ -489,11 +472,23 @@ class Invocation:
 
     # ---- the lease ------------------------------------------------------------------------------
 
-    def _lease_renewed(self, lease: Lease, sent_at: float) -> None:
-        """A renewal sent at ``sent_at`` (trio time) succeeded: move the stop deadline."""
-        if self.recorder.lease is not None and lease.epoch == self.recorder.lease.epoch:
-            self.recorder.lease = lease
-            self._set_lease_deadline(lease_deadline(lease, sent_at, self._env.lease_ttl))
+    def _lease_renewed(self, lease: Lease, deadline: float) -> bool:
+        """Its lease was renewed (``lease``): stop at ``deadline`` (``inf``: the runner's
+        lease clock stops it; see :mod:`._lease_clock`).  ``False`` (no deadline moves) for
+        another lease, or once its deadline passed: it is stopping for its lease."""
+        rec = self.recorder
+        if rec.lease is None or lease.epoch != rec.lease.epoch:
+            return False
+        rec.lease = lease
+        if trio.current_time() >= self._lease_deadline:
+            return False
+        self._set_lease_deadline(deadline)
+        return True
+
+    def _lease_uncovered(self, deadline: float) -> None:
+        """The lease clock no longer stops it: ``deadline`` is its own (past: it stops now,
+        as at its own deadline - ``_run`` says ``lease expired``)."""
+        self._set_lease_deadline(deadline)
 
     def _lease_lost(self, reason: str) -> None:
         """Stop at once: the lease is lost.  Gates stay open (their new owner waits on them)."""
@@ -622,6 +617,7 @@ class Invocation:
                 exclusive_session=self.exclusive,
                 with_write=with_write,
             )
+            self._hold_lease(sent_at)
             rec.started(started)
         else:
             rec.lease = await env.store.acquire_lease(
@@ -631,6 +627,7 @@ class Invocation:
                 exclusive_session=self.exclusive,
                 expect_epoch=self._expect_epoch,
             )
+            self._hold_lease(sent_at)
             # A cancel the store accepted before this resume (for a run whose process died
             # before it acted on it) wins: the run ends cancelled before any of it runs.
             asked = await env.store.cancel_requests([self.id])
@@ -665,11 +662,18 @@ class Invocation:
             )
             for request in asked:  # immediate, whatever its mode: nothing of the run may run
                 self._apply_cancel("immediate", request.reason, None, request.requested_by)
-        assert rec.lease is not None
-        self._set_lease_deadline(lease_deadline(rec.lease, sent_at, env.lease_ttl))
         self._opened = True
         if self._unsaid_cancel and not self._stream_scopes:  # a cancel came as it opened
             self._say_cancel()
+
+    def _hold_lease(self, sent_at: float) -> None:
+        """Its lease was just taken by a call sent at ``sent_at``: stop at its deadline, and
+        let the runner's rounds renew it (until the runner forgets it)."""
+        lease = self.recorder.lease
+        assert lease is not None
+        deadline = lease_deadline(lease, sent_at, self._env.lease_ttl)
+        self._set_lease_deadline(deadline)
+        self._env.leases.hold(self, deadline)
 
     async def _prepare(self) -> None:
         """Before the agent runs: the start hook, and the session's conversation so far."""

@@ -1,8 +1,10 @@
 """The runner's upkeep: lease renewal and the watcher, each one store call per round for all of
 a runner's invocations, however many (see :mod:`.runner`).
 
-Both run in the runner's background nursery until it closes, and read the runner's registry
-of running invocations without changing it.
+Both run in the runner's background nursery until it closes.  Lease renewal works on the
+runner's lease clock (:mod:`._lease_clock`: its holders, and the deadline those its owner row
+covers share); the watcher reads the runner's registry of running invocations without changing
+it.
 
 The watcher reads the store's changes feed (:meth:`Store.read_changes`): the cancel requests
 and gate ends others stored for this runner's invocations since its cursor.  A wake costs what
@@ -16,19 +18,19 @@ was appended for its previous owner is not lost.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from typing import Final, Protocol
 
 import trio
 
 from ._exceptions import LeaseError, StoreError
-from ._invocation import LEASE_MARGIN, Watchlist
-from ._recorder import Recorder
+from ._invocation import Watchlist
+from ._lease_clock import LEASE_MARGIN, LeaseClock, Leaseholder, owner_leases
 from ._statistics import LEASE_ROUNDS
 from .events import CancelMode
-from .stores._base import Lease, Requests, Store
+from .stores._base import Lease, OwnerRenewal, Requests, Store
 
-__all__ = ["CHANGES_KEPT", "PRUNE_EVERY", "Leaseholder", "renew_leases", "watch_requests"]
+__all__ = ["CHANGES_KEPT", "PRUNE_EVERY", "renew_leases", "watch_requests"]
 
 logger = logging.getLogger("trio_agents.runner")
 
@@ -42,19 +44,6 @@ FEED_READ: Final = 256
 """Changes per read of the feed (a burst takes several reads, back to back)."""
 
 
-class Leaseholder(Protocol):
-    """What lease renewal needs of a lease's holder (an invocation, a turn loop)."""
-
-    @property
-    def recorder(self) -> Recorder: ...
-
-    def _holds_lease(self) -> bool: ...
-
-    def _lease_renewed(self, lease: Lease, sent_at: float) -> None: ...
-
-    def _lease_lost(self, reason: str) -> None: ...
-
-
 class Stoppable(Protocol):
     """A turn loop, as the watcher stops it."""
 
@@ -65,18 +54,26 @@ class Stoppable(Protocol):
 
 async def renew_leases(
     store: Store,
-    holders: Callable[[], Iterable[Leaseholder]],
+    clock: LeaseClock,
     lease_ttl: float,
     dropped: list[Lease] | None = None,
 ) -> None:
-    """Renew the leases of all running invocations and open turn loops (``holders()``), in
-    one store call, every third of ``lease_ttl``.  A lease that cannot be renewed ends its
-    holder: at once when the store says another owner has it, at the lease's local deadline
-    otherwise.
+    """Renew the leases of the runner's running invocations and open turn loops (the
+    holders ``clock`` keeps), in one store call, every third of ``lease_ttl``.  A lease that
+    cannot be renewed ends its holder: at once when the store says another owner has it, at
+    its deadline otherwise.
 
-    A renewal moves each holder's local deadline to ``lease_ttl * (1 - LEASE_MARGIN)`` after
-    the store began its transaction (:func:`._invocation.lease_deadline`), not after the
-    round was sent: time it waited in the store's queue costs no lease.
+    While the runner's owner row covers every holder (see :mod:`._lease_clock`), a round is
+    :meth:`~trio_agents.stores.OwnerLeases.renew_owner` - the owner's row alone, no list of
+    leases - and its answer moves the one deadline they share: O(1) whatever is held.  Else
+    (the first round, a holder whose lease that row does not cover, a store that cannot), or
+    when ``renew_owner`` says no (the row lapsed, or a takeover moved its generation on: sent
+    right away, in the same round), the round sends every lease to :meth:`Store.renew_leases`,
+    which fences each.
+
+    A renewal moves a deadline to ``lease_ttl * (1 - LEASE_MARGIN)`` after the store began its
+    transaction (:func:`._lease_clock.lease_deadline`), not after the round was sent: time it
+    waited in the store's queue costs no lease.
 
     A slow answer is waited for as long as it can still help a holder of the round: each of
     their leases was counted from before the round was sent at ``t`` (it was taken or renewed
@@ -100,6 +97,7 @@ async def renew_leases(
     useful_for = lease_ttl * (1 - LEASE_MARGIN)
     next_round = trio.current_time() + period
     stats = LEASE_ROUNDS
+    fast = owner_leases(store)
     while True:
         planned = next_round
         await trio.sleep_until(planned)
@@ -107,38 +105,41 @@ async def renew_leases(
         next_round = sent_at + period
         if dropped:
             await _give_back(store, dropped)
-        held = [
-            (inv, lease)
-            for inv in holders()
-            if inv._holds_lease() and (lease := inv.recorder.lease) is not None
-        ]
-        if not held:
+        if not clock:
             continue
-        invs = [inv for inv, _ in held]
-        leases = [lease for _, lease in held]
         stats.rounds += 1
+        renewal: OwnerRenewal | None = None
+        held: list[tuple[Leaseholder, Lease]] = []
+        results: list[Lease | LeaseError] = []
         with trio.move_on_at(sent_at + useful_for) as slow:
             try:
-                results = await store.renew_leases(leases, ttl=lease_ttl)
+                gen = clock.owner_round()
+                if gen is not None and fast is not None:
+                    renewal = await fast.renew_owner(clock.owner, gen, ttl=lease_ttl)
+                if renewal is None:
+                    held = clock.held()
+                    if held:
+                        leases = [lease for _, lease in held]
+                        results = await store.renew_leases(leases, ttl=lease_ttl)
             except StoreError as exc:  # try again next round
                 stats.missed += 1
-                logger.warning("could not renew %d leases: %s", len(leases), exc)
+                logger.warning("could not renew the leases of %d holders: %s", len(clock), exc)
                 continue
         if trio.current_time() - planned > late_after:
             stats.late += 1
         if slow.cancelled_caught:
             stats.missed += 1
             logger.warning(
-                "could not renew %d leases: the store took longer than %.1fs; trying again",
-                len(leases),
+                "could not renew the leases of %d holders: the store took longer than %.1fs; "
+                "trying again",
+                len(clock),
                 useful_for,
             )
             continue
-        for inv, result in zip(invs, results, strict=True):
-            if isinstance(result, LeaseError):
-                inv._lease_lost(f"lease lost: {result}")
-            else:
-                inv._lease_renewed(result, sent_at)
+        if renewal is not None:
+            clock.owner_renewed(renewal, sent_at)
+        else:
+            clock.leases_renewed(held, results, sent_at)
 
 
 async def _give_back(store: Store, dropped: list[Lease]) -> None:

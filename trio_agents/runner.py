@@ -45,7 +45,9 @@ Leases
     Each running invocation holds a lease in the store, renewed every third of ``lease_ttl``
     for all invocations in one store call.  An invocation whose lease could not be renewed in
     time stops itself (``cancelled``) before the lease expires, so another process that takes
-    it over never runs alongside it.
+    it over never runs alongside it.  While the runner lives, the store's row of its owner
+    covers every lease it holds: a round renews that one row, and moves one deadline that the
+    invocations share (the lease clock, :mod:`._lease_clock`), whatever the number it holds.
 
 Gates (approvals, long-running results, credentials; see :mod:`trio_agents.approvals`)
     A tool declared ``requires_approval=True`` does not run until :meth:`Runner.decide` says
@@ -85,6 +87,7 @@ from ._control import InvocationControl
 from ._exceptions import InvocationNotFound, LeaseError, StoreError, UsageError
 from ._gate_closer import GateCloser
 from ._invocation import Invocation, InvocationEnv, Watchlist
+from ._lease_clock import LeaseClock, owner_leases
 from ._outcome import Outcome
 from ._recorder import Recorder
 from ._recovery import RECOVER_MODES, Recover, recover_orphans
@@ -217,6 +220,7 @@ class Runner(InvocationControl):
         self._active: dict[str, Invocation] = {}
         self._dropped: list[Lease] = []  # leases of invocations dropped unended (_forget)
         self._watchlist = Watchlist()  # of _active: what the watcher's changes may still change
+        self._leases: LeaseClock | None = None  # while open: the lease holders (_lease_clock)
         self._waves = CancelWaves(CANCEL_WAVE, self._watchlist)  # cancel_all of many, in waves
         self._loops: dict[str, TurnLoop] = {}  # the turn loops open here, by loop id
         self._recovering: set[str] = set()  # loop ids being recovered here (see _recover_loop)
@@ -250,8 +254,12 @@ class Runner(InvocationControl):
             )
             self.writer = writer
             closer = self.gate_closer = GateCloser(store, timeout=self.cleanup_timeout)
+            leases = self._leases = LeaseClock(
+                self.owner, self.lease_ttl, fast=owner_leases(store) is not None
+            )
             self._env = InvocationEnv(
                 store=store,
+                leases=leases,
                 writer=writer,
                 gate_closer=closer,
                 endings=trio.Semaphore(ENDINGS_AT_ONCE),
@@ -270,9 +278,8 @@ class Runner(InvocationControl):
             writer_scope = await system.start(writer.serve)
             closer_scope = await system.start(closer.serve)
             await system.start(self._waves.serve)
-            system.start_soon(
-                renew_leases, store, self._leaseholders, self.lease_ttl, self._dropped
-            )
+            system.start_soon(leases.serve)
+            system.start_soon(renew_leases, store, leases, self.lease_ttl, self._dropped)
             # Started (listening, its cursor at the feed's head) before any invocation can be.
             await system.start(
                 watch_requests,
@@ -314,9 +321,6 @@ class Runner(InvocationControl):
             self._serving.clear()
             self._store = None
             self._env = None
-
-    def _leaseholders(self) -> list[Invocation | TurnLoop]:
-        return [*self._active.values(), *self._loops.values()]
 
     # ---- start, resume, cancel ----------------------------------------------------------
 
@@ -461,6 +465,8 @@ class Runner(InvocationControl):
                 # Its ending could not be stored: give its lease back (see _upkeep), or this
                 # runner's owner row would cover it, still running, for as long as it lives.
                 self._dropped.append(lease)
+            if self._leases is not None:
+                self._leases.drop(inv)
             self._watchlist.forget(inv.id)
             self._waves.ended(inv)
             if self._limiter is not None:

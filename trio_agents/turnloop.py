@@ -75,7 +75,8 @@ from ._exceptions import (
     StoreError,
     UsageError,
 )
-from ._invocation import Invocation, InvocationEnv, lease_deadline
+from ._invocation import Invocation, InvocationEnv
+from ._lease_clock import lease_deadline
 from ._loop_policy import (
     Decision,
     Policy,
@@ -508,15 +509,23 @@ class TurnLoop:
                 except LeaseError:
                     await trio.sleep(self._env.poll_interval)
 
-    # ---- the lease (_upkeep.Leaseholder) --------------------------------------------------
+    # ---- the lease (_lease_clock.Leaseholder) ---------------------------------------------
 
     def _holds_lease(self) -> bool:
         return not self._closed
 
-    def _lease_renewed(self, lease: Lease, sent_at: float) -> None:
-        if self.recorder.lease is not None and lease.epoch == self.recorder.lease.epoch:
-            self.recorder.lease = lease
-            self._scope.deadline = lease_deadline(lease, sent_at, self._env.lease_ttl)
+    def _lease_renewed(self, lease: Lease, deadline: float) -> bool:
+        rec = self.recorder
+        if rec.lease is None or lease.epoch != rec.lease.epoch:
+            return False
+        rec.lease = lease
+        if trio.current_time() >= self._scope.deadline:  # stopping for its lease
+            return False
+        self._scope.deadline = deadline  # inf: the runner's lease clock stops it
+        return True
+
+    def _lease_uncovered(self, deadline: float) -> None:
+        self._scope.deadline = deadline
 
     def _lease_lost(self, reason: str) -> None:
         if self._lost is None:
@@ -646,6 +655,8 @@ async def open_turn_loop(
     )
     await loop._acquire(wait=wait)
     host._loop_opened(loop)
+    leases = loop._env.leases
+    leases.hold(loop, loop._scope.deadline)  # the runner's rounds renew its lease from now on
     reason = "shutdown"  # unless the block ends otherwise
     try:
         # A cancel request the store accepted before this opening took the lease (for an
@@ -675,6 +686,7 @@ async def open_turn_loop(
             raise
     finally:
         host._loop_closed(loop)
+        leases.drop(loop)
         if loop._stop is not None and reason == "closed":
             reason = f"stopped: {loop._stop[1]}"
         if loop._lost is not None:
