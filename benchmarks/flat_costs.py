@@ -1,9 +1,10 @@
 """The runner's background cost per round, in store calls and time, from 10 to 10,000 parked
 invocations.
 
-The runner renews the leases of all its invocations in one store call per round
-(``Store.renew_leases``), and its watcher reads the cancel requests and the approval decisions
-made for them since its last read in one query per wake (the changes feed,
+The runner renews the leases of all its invocations in one store call per round (while its
+owner row covers them, ``renew_owner``: that row alone, no list of leases; else
+``Store.renew_leases`` with every lease), and its watcher reads the cancel requests and the
+approval decisions made for them since its last read in one query per wake (the changes feed,
 ``Store.read_changes``: no list of ids, so it costs what changed, not what is parked).
 This benchmark shows that those counts stay flat as the number of invocations grows, and what
 the calls cost in time.  (For PostgreSQL - statements, CPU and a cancel's latency across
@@ -16,9 +17,9 @@ turn calls a tool that requires approval, so each parks waiting for ``runner.dec
 store is wrapped in a proxy that records every call (method, start, end, batch size).  Once
 all are parked, a few seconds pass; then:
 
-* renew - the lease calls (``renew_leases``, ``renew_lease``) of each full renewal round
-  (a round is a burst of lease calls; rounds are a third of ``lease_ttl`` apart), their
-  store time, and that time per invocation;
+* renew - the lease calls (``renew_owner``, ``renew_leases``, ``renew_lease``) of each full
+  renewal round (a round is a burst of lease calls; rounds are a third of ``lease_ttl``
+  apart), their store time, and that time per invocation;
 * watch - the reads (``read_changes``, and ``requests_for``, ``cancel_requests``,
   ``decisions_for``, ``decisions`` should any come) between two consecutive
   ``wait_for_requests`` calls of the watcher, and their store time (the mean, and the median:
@@ -34,7 +35,8 @@ Times are the store calls' wall time as the caller sees it (a wait for the store
 for the memory store, other tasks run at the call's checkpoint are included).
 
 Exits 1 with a message if the calls per round or per wake differ between the ``n`` of a store,
-the batched lease call did not cover every invocation, a watcher read carried a list of ids
+a round's lease call did not cover every invocation (``renew_owner`` covers the owner's: all),
+a watcher read carried a list of ids
 (or an invocation ended otherwise than by the benchmark's cancel): that is the property, so
 such a run is a regression.
 
@@ -68,7 +70,7 @@ from trio_agents.stores import Lease, MemoryStore, SQLiteStore, Store
 LEASE_TTL = 3.0  # a renewal round every second
 POLL = 0.2  # the watcher wakes five times a second (SQLite is polled; memory wakes on requests)
 SETTLE = 1.0  # after the last invocation parked, before measuring
-LEASE_CALLS = frozenset({"renew_leases", "renew_lease"})
+LEASE_CALLS = frozenset({"renew_owner", "renew_leases", "renew_lease"})
 WATCH_READS = frozenset(
     {"read_changes", "requests_for", "cancel_requests", "decisions_for", "decisions"}
 )
@@ -97,12 +99,21 @@ def batch_of(args: tuple[Any, ...]) -> int:
 class CountingStore:
     """A store that records every call of its async methods, then delegates to ``inner``.
 
-    Only the runner sees it; ``inner`` is opened and closed by whoever made it.
+    Only the runner sees it; ``inner`` is opened and closed by whoever made it.  It defines
+    ``renew_owner`` (the runner uses it only if the store's class does; ``inner`` must have
+    it): a batch of 0, the owner's row.
     """
 
     def __init__(self, inner: Store) -> None:
         self.inner = inner
         self.calls: list[Call] = []
+
+    async def renew_owner(self, owner: str, gen: int, *, ttl: float) -> Any:
+        start = time.perf_counter()
+        try:
+            return await self.inner.renew_owner(owner, gen, ttl=ttl)  # type: ignore[attr-defined]
+        finally:
+            self.calls.append(Call("renew_owner", start, time.perf_counter(), 0))
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self.inner, name)
@@ -142,6 +153,7 @@ class Result:
     round_ms: float
     rounds: int
     round_batches: frozenset[int]  # the sizes of the batched lease calls in the window
+    round_kinds: frozenset[str]  # the lease calls of the rounds in the window
     wake_calls: float  # watcher reads per wake
     wake_ms: float
     wake_median_ms: float  # a wake that meets a renewal round's work on the thread: in the mean
@@ -229,7 +241,10 @@ async def measure(name: str, store: Store, n: int, parked_for: float) -> Result:
         if rounds
         else float("nan"),
         rounds=len(rounds),
-        round_batches=frozenset(c.batch for r in rounds for c in r if c.method != "renew_lease"),
+        round_batches=frozenset(
+            c.batch for r in rounds for c in r if c.method not in ("renew_lease", "renew_owner")
+        ),
+        round_kinds=frozenset(c.method for r in rounds for c in r),
         wake_calls=statistics.fmean(len(w) for w in wakes) if wakes else float("nan"),
         wake_ms=statistics.fmean(sum(c.seconds for c in w) for w in wakes) * 1000
         if wakes
@@ -253,6 +268,7 @@ def plural(count: float, word: str) -> str:
 def line(r: Result) -> str:
     text = (
         f"  {r.store:8} n={r.n:<6} renew: {plural(r.round_calls, 'call')}/round"
+        f" ({'/'.join(sorted(r.round_kinds))})"
         f" {r.round_ms:.2f} ms ({r.round_ms * 1000 / r.n:.2f} us/inv)"
         f" | watch: {plural(r.wake_calls, 'call')}/wake {r.wake_ms:.2f} ms"
         f" (median {r.wake_median_ms:.2f})"
@@ -274,7 +290,7 @@ def problems(results: list[Result]) -> list[str]:
         where = f"{r.store} n={r.n}"
         if r.rounds == 0 or r.wakes == 0:
             found.append(f"{where}: measured {r.rounds} renewal rounds and {r.wakes} wakes")
-        if r.round_batches != {r.n}:
+        if r.round_kinds != {"renew_owner"} and r.round_batches != {r.n}:
             shown = sorted(r.round_batches) or "none"
             found.append(f"{where}: batched lease calls covered {shown}, not all {r.n}")
         if r.wake_batches != {1}:
