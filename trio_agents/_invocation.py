@@ -475,12 +475,13 @@ class Invocation:
     def _lease_renewed(self, lease: Lease, deadline: float) -> bool:
         """Its lease was renewed (``lease``): stop at ``deadline`` (``inf``: the runner's
         lease clock stops it; see :mod:`._lease_clock`).  ``False`` (no deadline moves) for
-        another lease, or once its deadline passed: it is stopping for its lease."""
+        another lease, or once its lease deadline cancelled it: it is stopping for its lease
+        (a renewal that came too late does not make it say otherwise)."""
         rec = self.recorder
         if rec.lease is None or lease.epoch != rec.lease.epoch:
             return False
         rec.lease = lease
-        if trio.current_time() >= self._lease_deadline:
+        if self._scope.cancel_called and trio.current_time() >= self._lease_deadline:
             return False
         self._set_lease_deadline(deadline)
         return True

@@ -41,10 +41,10 @@ A round (:func:`._upkeep.renew_leases`)
 
 A round that fails (the store is down, or answered too late to help) changes nothing here:
 covered holders stop at the clock's deadline, own ones at theirs.  A renewal that comes after
-a holder's deadline passed does not bring it back (``_lease_renewed`` refuses): it is stopping
-for its lease.  A holder that ends (or a turn loop that closes) leaves the clock as the runner
-forgets it (:meth:`drop`); a lease the runner gives back (``release_lease``) belongs to an
-invocation it forgot already.
+a holder's deadline stopped it does not bring it back (``_lease_renewed`` refuses): it is
+stopping for its lease.  A holder that ends (or a turn loop that closes) leaves the clock as
+the runner forgets it (:meth:`drop`); a lease the runner gives back (``release_lease``)
+belongs to an invocation it forgot already.
 
 Safety: a covered holder's row is stamped with the generation the clock renewed, so while
 that generation is current the store counts its lease as at least the owner row's expiry
@@ -105,8 +105,8 @@ class Leaseholder(Protocol):
 
     def _lease_renewed(self, lease: Lease, deadline: float) -> bool:
         """``lease`` (its own, renewed) lasts: stop at ``deadline`` (trio time; ``inf``: the
-        clock stops it).  ``False``, changing no deadline, if its deadline passed already (it
-        is stopping for its lease) or ``lease`` is not its current one."""
+        clock stops it).  ``False``, changing no deadline, if its deadline passed and stopped
+        it already (it is stopping for its lease) or ``lease`` is not its current one."""
         ...
 
     def _lease_uncovered(self, deadline: float) -> None:

@@ -519,9 +519,10 @@ class TurnLoop:
         if rec.lease is None or lease.epoch != rec.lease.epoch:
             return False
         rec.lease = lease
-        if trio.current_time() >= self._scope.deadline:  # stopping for its lease
+        scope = self._scope
+        if scope.cancel_called and trio.current_time() >= scope.deadline:  # stopping for it
             return False
-        self._scope.deadline = deadline  # inf: the runner's lease clock stops it
+        scope.deadline = deadline  # inf: the runner's lease clock stops it
         return True
 
     def _lease_uncovered(self, deadline: float) -> None:
