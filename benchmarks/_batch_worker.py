@@ -55,6 +55,12 @@ class CountingStore:
         setattr(self, name, counted)  # __getattr__ runs once per name
         return counted
 
+    async def renew_owner(self, owner: str, gen: int, *, ttl: float) -> Any:
+        # Defined here, not forwarded: the runner renews an owner's row alone only with a store
+        # whose class defines renew_owner (see trio_agents.stores.OwnerLeases).
+        self.calls["renew_owner"] += 1
+        return await self.inner.renew_owner(owner, gen, ttl=ttl)  # type: ignore[attr-defined]
+
 
 def agent(model: ta.models.OpenAIChat) -> ta.Agent:
     return ta.Agent(name=AGENT, model=model)

@@ -96,6 +96,12 @@ class CountingStore:
 
         return counted
 
+    async def renew_owner(self, owner: str, gen: int, *, ttl: float) -> Any:
+        # Defined here, not forwarded: the runner renews an owner's row alone only with a store
+        # whose class defines renew_owner (see trio_agents.stores.OwnerLeases).
+        self.calls["renew_owner"] += 1
+        return await self.inner.renew_owner(owner, gen, ttl=ttl)  # type: ignore[attr-defined]
+
 
 class Collections:
     """Python's garbage collections while ``on``: how many full (oldest-generation) passes and

@@ -37,7 +37,8 @@ EXPECTED = {
         r" \| trio_agents [\d.]+ KiB \(RSS -?[\d.]+ KiB\) \| [\d.]+x \(RSS -?[\d.]+x\)"
     ],
     "flat_costs": [
-        rf"{store} +n=100 +renew: [\d.]+ calls?/round [\d.]+ ms \([\d.]+ us/inv\) \| watch: "
+        rf"{store} +n=100 +renew: [\d.]+ calls?/round \(renew_owner\) [\d.]+ ms"
+        r" \([\d.]+ us/inv\) \| watch: "
         r"[\d.]+ calls?/wake [\d.]+ ms \(median [\d.]+\) \| per-invocation calls \(old design\):"
         r" 100 in [\d.]+ ms"
         r" \| teardown [\d.]+ ms"
