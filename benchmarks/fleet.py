@@ -372,8 +372,9 @@ def report(all_results: dict[int, dict[str, Any]]) -> None:
         if "kill" in results:
             kill = results["kill"]
             print(
-                f"kill of an instance holding {kill['held by the killed instance']}: all "
-                f"running again after {kill['all running again after (s)']} s (lease "
+                f"kill of an instance holding {kill['held by the killed instance']}: the "
+                f"first running again after {kill['first running again after (s)']} s, all "
+                f"after {kill['all running again after (s)']} s (lease "
                 f"{kill['lease_ttl (s)']} s), lost {kill['lost']}, run twice {kill['run twice']}"
             )
 
