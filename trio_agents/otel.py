@@ -681,11 +681,15 @@ def configure(*, service_name: str | None = None, set_global: bool = True) -> Te
     exporter's name, comma-separated) choose the exporters; ``OTEL_SERVICE_NAME`` and
     ``OTEL_RESOURCE_ATTRIBUTES`` the resource (``service_name`` is the default name); spans go
     through a ``BatchSpanProcessor`` (``OTEL_BSP_*``) and metrics through a periodic reader
-    (``OTEL_METRIC_EXPORT_INTERVAL``).  With ``set_global`` the providers become the global
+    (``OTEL_METRIC_EXPORT_INTERVAL``).  Exemplars are off unless
+    ``OTEL_METRICS_EXEMPLAR_FILTER`` is set: the SDK's default (``trace_based``) samples an
+    exemplar at every histogram record made under a sampled span - every record of ours -
+    which costs each record more than the record itself; set the variable to ``trace_based``
+    (or ``always_on``) to have them.  With ``set_global`` the providers become the global
     ones, which :class:`OTelHooks` uses by default.  Needs ``trio-agents[otel]``.
     """
     try:
-        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
         from opentelemetry.sdk.resources import OTELResourceDetector, Resource
         from opentelemetry.sdk.trace import TracerProvider
@@ -709,7 +713,11 @@ def configure(*, service_name: str | None = None, set_global: bool = True) -> Te
         PeriodicExportingMetricReader(exporter)
         for exporter in _exporter("opentelemetry_metrics_exporter", metrics_names)
     ]
-    meter_provider = MeterProvider(resource=resource, metric_readers=readers)
+    # None: the SDK reads OTEL_METRICS_EXEMPLAR_FILTER (see the docstring).
+    exemplars = None if "OTEL_METRICS_EXEMPLAR_FILTER" in os.environ else AlwaysOffExemplarFilter()
+    meter_provider = MeterProvider(
+        resource=resource, metric_readers=readers, exemplar_filter=exemplars
+    )
     if set_global:
         trace.set_tracer_provider(tracer_provider)
         metrics.set_meter_provider(meter_provider)
