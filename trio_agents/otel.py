@@ -408,10 +408,10 @@ class OTelHooks(Hooks):
             span.set_attribute("trio_agents.cut_off", True)
         span.end()
 
-    async def on_tool_start(self, inv: InvocationInfo, call: ToolCall) -> None:
-        run = self._runs.get(inv.invocation_id)
-        if run is None:
-            return
+    def _tool_started(self, run: _Run, call: ToolCall) -> None:
+        """A tool call's intent is journaled (``tool_call_started``, in :meth:`on_record`, in
+        the task that then runs the tool: what ``on_tool_start`` would be, one hook call less
+        per tool call)."""
         if call.id in run.tools:  # started again after a credential wait: one span goes on
             return
         span = self._tool_span(run, call.id, call.name)
@@ -471,6 +471,7 @@ class OTelHooks(Hooks):
         elif isinstance(event, ToolCallStarted):
             # From its stamp to now: the journal's write (the tool waits for it).
             self._journal_duration.record(max(0.0, time.time() - event.at), _JOURNAL)
+            self._tool_started(run, event.call)
 
     async def on_invocation_end(self, inv: InvocationInfo, outcome: Outcome) -> None:
         run = self._runs.pop(inv.invocation_id, None)
