@@ -28,7 +28,9 @@ instructions per run (every thread of the process: the SDK's exporter threads in
 fake server's process is not counted), the mean of the two passes.  The SDK's intervals are
 its defaults here (batch spans every 5 s, metrics every 60 s), since the process runs some 50
 times slower under callgrind; the HTTP client is then slower than the server too, so it reads
-more chunks at once than it would natively (the same for every configuration).
+more chunks at once than it would natively (the same for every configuration).  A first
+child measures the SDK's unit costs the same way: a span started and ended, an attribute on
+it, a histogram record, an attribute on it, an exemplar - what the ratios are made of.
 
 Both modes build the metrics as :func:`trio_agents.otel.configure` does: exemplars off
 (``--exemplars trace_based`` for the SDK's own default).
@@ -93,6 +95,7 @@ def scripted_agent(runs: int) -> ta.Agent:
 Configs = dict[str, Callable[[], tuple[list[Any], Callable[[], None]]]]
 KINDS = ("scripted", "http")
 WARM_UP = 3
+UNIT_LOOPS = 2000
 
 
 def configurations(
@@ -265,12 +268,75 @@ async def counted_child(kind: str, runs: int, exemplars: str) -> None:
             finally:
                 shutdown()
 
-    if kind == "scripted":
+    if kind == "units":
+        order = unit_blocks()
+    elif kind == "scripted":
         await blocks(scripted_agent)
     else:
         with server_process() as url:
             await blocks(http_agents(url))
     print(json.dumps(order), flush=True)
+
+
+def unit_blocks() -> list[str]:
+    """Under callgrind: what the SDK costs per span and per record, each case a block of
+    ``UNIT_LOOPS`` between two markers (spans to a processor that drops them, under a
+    current sampled span, as our spans and records are made)."""
+    from opentelemetry import context, trace
+    from opentelemetry.sdk.metrics import (
+        AlwaysOffExemplarFilter,
+        MeterProvider,
+        TraceBasedExemplarFilter,
+    )
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+
+    class DropSpans(SpanExporter):
+        def export(self, spans: Sequence[Any]) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(DropSpans()))
+    tracer = provider.get_tracer("units")
+    histograms = {
+        name: MeterProvider(metric_readers=[InMemoryMetricReader()], exemplar_filter=kept)
+        .get_meter("units")
+        .create_histogram("h", explicit_bucket_boundaries_advisory=(1, 16, 256, 4096))
+        for name, kept in (("off", AlwaysOffExemplarFilter()), ("tb", TraceBasedExemplarFilter()))
+    }
+    root = tracer.start_span("root")
+    parent = trace.set_span_in_context(root)
+    token = context.attach(parent)
+    four = {f"gen_ai.attribute_{i}": f"value {i}" for i in range(4)}
+    one = {"gen_ai.token.type": "input"}
+    five = {**four, **one}
+
+    def span() -> None:
+        tracer.start_span("s", context=parent).end()
+
+    def span_4() -> None:
+        tracer.start_span("s", context=parent, attributes=four).end()
+
+    cases: dict[str, Callable[[], None]] = {
+        "span": span,
+        "span_4": span_4,
+        "record_1": lambda: histograms["off"].record(5, one),
+        "record_5": lambda: histograms["off"].record(5, five),
+        "record_5_exemplar": lambda: histograms["tb"].record(5, five),
+    }
+    for case in cases.values():  # warm up
+        for _ in range(UNIT_LOOPS // 10):
+            case()
+    for case in cases.values():
+        os.getppid()
+        for _ in range(UNIT_LOOPS):
+            case()
+        os.getppid()
+    context.detach(token)
+    root.end()
+    provider.shutdown()
+    return list(cases)
 
 
 def _instructions_of(path: str) -> int:
@@ -282,28 +348,49 @@ def _instructions_of(path: str) -> int:
     raise RuntimeError(f"no totals in {path}")
 
 
+def _counted(kind: str, runs: int, exemplars: str) -> dict[str, list[int]]:
+    """Run one counted child under callgrind: each block's instructions, by block name."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "cg.out")
+        argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
+        argv += ["--dump-before=os_getppid", sys.executable, "-m", "benchmarks.otel"]
+        argv += ["--counted-child", kind, "--runs", str(runs), "--exemplars", exemplars]
+        done = subprocess.run(
+            argv, capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"}
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"the callgrind child failed:\n{done.stderr[-3000:]}")
+        order: list[str] = json.loads(done.stdout.strip().splitlines()[-1])
+        dumps = sorted(glob.glob(out + ".*"), key=lambda p: int(p.rsplit(".", 1)[1]))
+        if len(dumps) != 2 * len(order):
+            raise RuntimeError(f"{len(dumps)} dumps for {len(order)} blocks: {dumps}")
+        per: dict[str, list[int]] = {}
+        for name, dump in zip(order, dumps[1::2], strict=True):  # each block's own
+            per.setdefault(name, []).append(_instructions_of(dump))
+    return per
+
+
 def count_instructions(runs: int, exemplars: str) -> None:
     print(
         f"machine: {machine()}; instructions per run (callgrind), {runs} runs a block", flush=True
     )
+    units = {
+        name: counts[0] / UNIT_LOOPS for name, counts in _counted("units", 0, exemplars).items()
+    }
+    print(
+        f"SDK units: a span started and ended {units['span'] / 1e3:.0f}k instr, "
+        f"+{(units['span_4'] - units['span']) / 4e3:.1f}k an attribute | a histogram record "
+        f"{units['record_1'] / 1e3:.0f}k (1 attribute), "
+        f"+{(units['record_5'] - units['record_1']) / 4e3:.1f}k an attribute, "
+        f"+{(units['record_5_exemplar'] - units['record_5']) / 1e3:.1f}k with trace_based "
+        "exemplars",
+        flush=True,
+    )
     for kind in KINDS:
-        with tempfile.TemporaryDirectory() as tmp:
-            out = os.path.join(tmp, "cg.out")
-            argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
-            argv += ["--dump-before=os_getppid", sys.executable, "-m", "benchmarks.otel"]
-            argv += ["--counted-child", kind, "--runs", str(runs), "--exemplars", exemplars]
-            done = subprocess.run(
-                argv, capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"}
-            )
-            if done.returncode != 0:
-                raise RuntimeError(f"the callgrind child failed:\n{done.stderr[-3000:]}")
-            order: list[str] = json.loads(done.stdout.strip().splitlines()[-1])
-            dumps = sorted(glob.glob(out + ".*"), key=lambda p: int(p.rsplit(".", 1)[1]))
-            if len(dumps) != 2 * len(order):
-                raise RuntimeError(f"{len(dumps)} dumps for {len(order)} blocks: {dumps}")
-            per: dict[str, list[float]] = {}
-            for name, dump in zip(order, dumps[1::2], strict=True):  # each block's runs
-                per.setdefault(name, []).append(_instructions_of(dump) / runs)
+        per = {
+            name: [c / runs for c in counts]
+            for name, counts in _counted(kind, runs, exemplars).items()
+        }
         off = statistics.mean(per["off"])
         passes = ", ".join(f"{v / 1e6:.3f}" for v in per["off"])
         line = f"{kind:<9} off {off / 1e6:.3f} M instr/run ({passes})"
@@ -324,7 +411,7 @@ if __name__ == "__main__":
         "--instructions", action="store_true", help="count instructions under callgrind"
     )
     parser.add_argument("--exemplars", choices=["always_off", "trace_based"], default="always_off")
-    parser.add_argument("--counted-child", choices=KINDS, help=argparse.SUPPRESS)
+    parser.add_argument("--counted-child", choices=[*KINDS, "units"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.runs = 3, 5
