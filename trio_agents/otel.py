@@ -371,8 +371,9 @@ class OTelHooks(Hooks):
             span.set_attributes(ended)  # one call: the span's lock taken once
             self._tokens.record(usage.input_tokens, {**metric, "gen_ai.token.type": "input"})
             self._tokens.record(usage.output_tokens, {**metric, "gen_ai.token.type": "output"})
-            for tool_call in response.message.tool_calls:
-                run.call_paths[tool_call.id] = call.path
+            if call.path:  # a tool call's span's parent: its step's ("" is the default)
+                for tool_call in response.message.tool_calls:
+                    run.call_paths[tool_call.id] = call.path
         elif end.error is not None:
             error_type = type(end.error).__name__
             span.set_status(Status(StatusCode.ERROR, str(end.error)[:200]))
