@@ -19,13 +19,37 @@ CPU per run.
 ``--off-only`` measures ``off`` alone, without importing :mod:`trio_agents.otel` - run it with
 another checkout on ``PYTHONPATH`` to compare with the code before tracing existed.
 
-Run: ``python -m benchmarks.otel`` (``--rounds N --runs N --quick --off-only``).
+``--instructions`` counts instructions instead of CPU seconds, which does not depend on the
+machine's load: for each run kind, one child process under ``valgrind --tool=callgrind`` runs
+every configuration twice (in order, then in reverse), each block as ``--runs`` runs after
+three warm-up runs, and callgrind dumps its counters at the start and end of each block (a
+call to ``os.getppid()`` is the marker: ``--dump-before=os_getppid``).  A figure is a block's
+instructions per run (every thread of the process: the SDK's exporter threads included; the
+fake server's process is not counted), the mean of the two passes.  The SDK's intervals are
+its defaults here (batch spans every 5 s, metrics every 60 s), since the process runs some 50
+times slower under callgrind; the HTTP client is then slower than the server too, so it reads
+more chunks at once than it would natively (the same for every configuration).  A first
+child measures the SDK's unit costs the same way: a span started and ended, an attribute on
+it, a histogram record, an attribute on it, an exemplar - what the ratios are made of.
+
+Both modes build the metrics as :func:`trio_agents.otel.configure` does: exemplars off
+(``--exemplars trace_based`` for the SDK's own default).
+
+Run: ``python -m benchmarks.otel`` (``--rounds N --runs N --quick --off-only``), or
+``python -m benchmarks.otel --instructions --runs 30``.
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
+import json
+import os
+import re
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -68,7 +92,15 @@ def scripted_agent(runs: int) -> ta.Agent:
     )
 
 
-def configurations(off_only: bool) -> dict[str, Callable[[], tuple[list[Any], Callable[[], None]]]]:
+Configs = dict[str, Callable[[], tuple[list[Any], Callable[[], None]]]]
+KINDS = ("scripted", "http")
+WARM_UP = 3
+UNIT_LOOPS = 2000
+
+
+def configurations(
+    off_only: bool, *, exemplars: str = "always_off", metric_interval_ms: int = 1000
+) -> Configs:
     """name -> a factory of (hooks, shutdown)."""
 
     def off() -> tuple[list[Any], Callable[[], None]]:
@@ -77,7 +109,11 @@ def configurations(off_only: bool) -> dict[str, Callable[[], tuple[list[Any], Ca
     if off_only:
         return {"off": off}
 
-    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics import (
+        AlwaysOffExemplarFilter,
+        MeterProvider,
+        TraceBasedExemplarFilter,
+    )
     from opentelemetry.sdk.metrics.export import (
         InMemoryMetricReader,
         MetricExporter,
@@ -116,10 +152,17 @@ def configurations(off_only: bool) -> dict[str, Callable[[], tuple[list[Any], Ca
         )
         return [hooks], lambda: None
 
+    # As configure() does: exemplars off unless OTEL_METRICS_EXEMPLAR_FILTER says otherwise.
+    exemplar_filter = (
+        TraceBasedExemplarFilter() if exemplars == "trace_based" else AlwaysOffExemplarFilter()
+    )
+
     def noop() -> tuple[list[Any], Callable[[], None]]:
         tracer = TracerProvider()
         tracer.add_span_processor(SimpleSpanProcessor(DropSpans()))
-        meter = MeterProvider(metric_readers=[InMemoryMetricReader()])
+        meter = MeterProvider(
+            metric_readers=[InMemoryMetricReader()], exemplar_filter=exemplar_filter
+        )
         hooks = OTelHooks(tracer_provider=tracer, meter_provider=meter)
 
         def shutdown() -> None:
@@ -131,8 +174,10 @@ def configurations(off_only: bool) -> dict[str, Callable[[], tuple[list[Any], Ca
     def batch() -> tuple[list[Any], Callable[[], None]]:
         tracer = TracerProvider()
         tracer.add_span_processor(BatchSpanProcessor(DropSpans()))
-        reader = PeriodicExportingMetricReader(DropMetrics(), export_interval_millis=1000)
-        meter = MeterProvider(metric_readers=[reader])
+        reader = PeriodicExportingMetricReader(
+            DropMetrics(), export_interval_millis=metric_interval_ms
+        )
+        meter = MeterProvider(metric_readers=[reader], exemplar_filter=exemplar_filter)
         hooks = OTelHooks(tracer_provider=tracer, meter_provider=meter)
 
         def shutdown() -> None:
@@ -160,7 +205,7 @@ async def block(hooks: list[Any], make_agent: Callable[[int], ta.Agent], runs: i
 async def measure(
     label: str,
     make_agent: Callable[[int], ta.Agent],
-    configs: dict[str, Callable[[], tuple[list[Any], Callable[[], None]]]],
+    configs: Configs,
     rounds: int,
     runs: int,
 ) -> None:
@@ -182,19 +227,178 @@ async def measure(
     print(line, flush=True)
 
 
-async def main(rounds: int, runs: int, off_only: bool) -> None:
-    configs = configurations(off_only)
+def http_agents(url: str) -> Callable[[int], ta.Agent]:
+    name = stream_model(20, coalesced=False, token_delay=0.0, pause=0.0001)
+
+    def http_agent(_: int) -> ta.Agent:
+        return ta.Agent(name="bench", model=ta.models.OpenAIChat(name, base_url=url, api_key="k"))
+
+    return http_agent
+
+
+async def main(rounds: int, runs: int, off_only: bool, exemplars: str) -> None:
+    configs = configurations(off_only, exemplars=exemplars)
     print(f"machine: {machine()}; {rounds} rounds x {runs} runs per configuration", flush=True)
     await measure("scripted, 2 tools", scripted_agent, configs, rounds, runs)
     with server_process() as url:
-        name = stream_model(20, coalesced=False, token_delay=0.0, pause=0.0001)
+        await measure("http, 20 tokens", http_agents(url), configs, rounds, runs)
 
-        def http_agent(_: int) -> ta.Agent:
-            return ta.Agent(
-                name="bench", model=ta.models.OpenAIChat(name, base_url=url, api_key="k")
-            )
 
-        await measure("http, 20 tokens", http_agent, configs, rounds, runs)
+# ---- instruction counts (callgrind) ----------------------------------------------------------
+
+
+async def counted_child(kind: str, runs: int, exemplars: str) -> None:
+    """Under callgrind: each configuration's block of ``runs`` runs between two markers."""
+    configs = configurations(False, exemplars=exemplars, metric_interval_ms=60_000)
+    order = list(configs) + list(configs)[::-1]
+
+    async def blocks(make_agent: Callable[[int], ta.Agent]) -> None:
+        for name in order:
+            hooks, shutdown = configs[name]()
+            agent = make_agent(runs + WARM_UP)
+            try:
+                async with ta.Runner(hooks=hooks) as runner:
+                    for _ in range(WARM_UP):
+                        await runner.run(agent, "warm up")
+                    os.getppid()  # the marker: callgrind dumps its counters here
+                    for _ in range(runs):
+                        outcome = await runner.run(agent, "go")
+                        assert outcome.status == "completed", outcome
+                    os.getppid()
+            finally:
+                shutdown()
+
+    if kind == "units":
+        order = unit_blocks()
+    elif kind == "scripted":
+        await blocks(scripted_agent)
+    else:
+        with server_process() as url:
+            await blocks(http_agents(url))
+    print(json.dumps(order), flush=True)
+
+
+def unit_blocks() -> list[str]:
+    """Under callgrind: what the SDK costs per span and per record, each case a block of
+    ``UNIT_LOOPS`` between two markers (spans to a processor that drops them, under a
+    current sampled span, as our spans and records are made)."""
+    from opentelemetry import context, trace
+    from opentelemetry.sdk.metrics import (
+        AlwaysOffExemplarFilter,
+        MeterProvider,
+        TraceBasedExemplarFilter,
+    )
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+
+    class DropSpans(SpanExporter):
+        def export(self, spans: Sequence[Any]) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(DropSpans()))
+    tracer = provider.get_tracer("units")
+    histograms = {
+        name: MeterProvider(metric_readers=[InMemoryMetricReader()], exemplar_filter=kept)
+        .get_meter("units")
+        .create_histogram("h", explicit_bucket_boundaries_advisory=(1, 16, 256, 4096))
+        for name, kept in (("off", AlwaysOffExemplarFilter()), ("tb", TraceBasedExemplarFilter()))
+    }
+    root = tracer.start_span("root")
+    parent = trace.set_span_in_context(root)
+    token = context.attach(parent)
+    four = {f"gen_ai.attribute_{i}": f"value {i}" for i in range(4)}
+    one = {"gen_ai.token.type": "input"}
+    five = {**four, **one}
+
+    def span() -> None:
+        tracer.start_span("s", context=parent).end()
+
+    def span_4() -> None:
+        tracer.start_span("s", context=parent, attributes=four).end()
+
+    cases: dict[str, Callable[[], None]] = {
+        "span": span,
+        "span_4": span_4,
+        "record_1": lambda: histograms["off"].record(5, one),
+        "record_5": lambda: histograms["off"].record(5, five),
+        "record_5_exemplar": lambda: histograms["tb"].record(5, five),
+    }
+    for case in cases.values():  # warm up
+        for _ in range(UNIT_LOOPS // 10):
+            case()
+    for case in cases.values():
+        os.getppid()
+        for _ in range(UNIT_LOOPS):
+            case()
+        os.getppid()
+    context.detach(token)
+    root.end()
+    provider.shutdown()
+    return list(cases)
+
+
+def _instructions_of(path: str) -> int:
+    with open(path) as f:
+        for line in f:
+            found = re.match(r"(?:summary|totals):\s+(\d+)", line)
+            if found:
+                return int(found.group(1))
+    raise RuntimeError(f"no totals in {path}")
+
+
+def _counted(kind: str, runs: int, exemplars: str) -> dict[str, list[int]]:
+    """Run one counted child under callgrind: each block's instructions, by block name."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "cg.out")
+        argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
+        argv += ["--dump-before=os_getppid", sys.executable, "-m", "benchmarks.otel"]
+        argv += ["--counted-child", kind, "--runs", str(runs), "--exemplars", exemplars]
+        done = subprocess.run(
+            argv, capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"}
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"the callgrind child failed:\n{done.stderr[-3000:]}")
+        order: list[str] = json.loads(done.stdout.strip().splitlines()[-1])
+        dumps = sorted(glob.glob(out + ".*"), key=lambda p: int(p.rsplit(".", 1)[1]))
+        if len(dumps) != 2 * len(order):
+            raise RuntimeError(f"{len(dumps)} dumps for {len(order)} blocks: {dumps}")
+        per: dict[str, list[int]] = {}
+        for name, dump in zip(order, dumps[1::2], strict=True):  # each block's own
+            per.setdefault(name, []).append(_instructions_of(dump))
+    return per
+
+
+def count_instructions(runs: int, exemplars: str) -> None:
+    print(
+        f"machine: {machine()}; instructions per run (callgrind), {runs} runs a block", flush=True
+    )
+    units = {
+        name: counts[0] / UNIT_LOOPS for name, counts in _counted("units", 0, exemplars).items()
+    }
+    print(
+        f"SDK units: a span started and ended {units['span'] / 1e3:.0f}k instr, "
+        f"+{(units['span_4'] - units['span']) / 4e3:.1f}k an attribute | a histogram record "
+        f"{units['record_1'] / 1e3:.0f}k (1 attribute), "
+        f"+{(units['record_5'] - units['record_1']) / 4e3:.1f}k an attribute, "
+        f"+{(units['record_5_exemplar'] - units['record_5']) / 1e3:.1f}k with trace_based "
+        "exemplars",
+        flush=True,
+    )
+    for kind in KINDS:
+        per = {
+            name: [c / runs for c in counts]
+            for name, counts in _counted(kind, runs, exemplars).items()
+        }
+        off = statistics.mean(per["off"])
+        passes = ", ".join(f"{v / 1e6:.3f}" for v in per["off"])
+        line = f"{kind:<9} off {off / 1e6:.3f} M instr/run ({passes})"
+        for name, values in per.items():
+            if name != "off":
+                mean = statistics.mean(values)
+                line += f" | {name} {mean / 1e6:.3f} M ({mean / off:.3f}x)"
+        print(line, flush=True)
 
 
 if __name__ == "__main__":
@@ -203,7 +407,17 @@ if __name__ == "__main__":
     parser.add_argument("--runs", type=int, default=40)
     parser.add_argument("--quick", action="store_true", help="a smoke run (3 rounds of 5)")
     parser.add_argument("--off-only", action="store_true")
+    parser.add_argument(
+        "--instructions", action="store_true", help="count instructions under callgrind"
+    )
+    parser.add_argument("--exemplars", choices=["always_off", "trace_based"], default="always_off")
+    parser.add_argument("--counted-child", choices=[*KINDS, "units"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.runs = 3, 5
-    trio.run(main, args.rounds, args.runs, args.off_only)
+    if args.counted_child:
+        trio.run(counted_child, args.counted_child, args.runs, args.exemplars)
+    elif args.instructions:
+        count_instructions(args.runs, args.exemplars)
+    else:
+        trio.run(main, args.rounds, args.runs, args.off_only, args.exemplars)

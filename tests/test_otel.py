@@ -22,7 +22,11 @@ import pytest
 import trio
 from opentelemetry import context as otel_context
 from opentelemetry.context import Context
-from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics import (
+    AlwaysOffExemplarFilter,
+    MeterProvider,
+    TraceBasedExemplarFilter,
+)
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -618,3 +622,26 @@ async def test_late_lease_renewals_and_a_stop_for_the_lease(
     [stop] = otel.points("trio_agents.lease.stops")
     assert (stop.value, stop.attributes) == (1, {"gen_ai.agent.name": "waiter"})
     assert otel.opened.still_open() == []
+
+
+@pytest.mark.parametrize("variable", [None, "trace_based"], ids=["unset", "trace_based"])
+def test_configure_turns_exemplars_off_unless_the_variable_says(
+    monkeypatch: pytest.MonkeyPatch, variable: str | None
+) -> None:
+    """``configure()`` sets the exemplar filter to ``always_off`` (the SDK's ``trace_based``
+    costs every record of ours an exemplar), unless ``OTEL_METRICS_EXEMPLAR_FILTER`` is set:
+    then the SDK reads it as usual."""
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
+    if variable is None:
+        monkeypatch.delenv("OTEL_METRICS_EXEMPLAR_FILTER", raising=False)
+    else:
+        monkeypatch.setenv("OTEL_METRICS_EXEMPLAR_FILTER", variable)
+    telemetry = ta.otel.configure(set_global=False)
+    try:
+        # The SDK keeps the filter in its private configuration: no public way to read it.
+        found = telemetry.meter_provider._sdk_config.exemplar_filter
+    finally:
+        telemetry.shutdown()
+    expected = AlwaysOffExemplarFilter if variable is None else TraceBasedExemplarFilter
+    assert type(found) is expected

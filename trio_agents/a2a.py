@@ -33,6 +33,12 @@ Resume never sends the message twice
     server that refuses ``ListTasks`` makes the re-run a tool error rather than risk sending
     the message twice.
 
+Trace context
+    Every request (the Agent Card, the message, a reattach, ``CancelTask``) carries the W3C
+    headers of :data:`trio_agents.hooks.outgoing_trace`: with :class:`trio_agents.otel.OTelHooks`,
+    the ``traceparent`` of the call's ``execute_tool`` span, so the remote invocation (ours
+    reads it: see the server) is that span's child, in the caller's trace.
+
 Errors the model reads (``ToolError``): the remote task failed, was cancelled there, or
 waits for input (its id is in the message); the agent could not be reached; an answer that
 is not A2A.  Raises :class:`~trio_agents.UsageError` for a bad ``url`` or option.
@@ -51,6 +57,7 @@ from a2a.types.a2a_pb2 import AgentCard, StreamResponse, Task, TaskState
 from google.protobuf.json_format import MessageToDict, ParseDict, ParseError
 
 from ._exceptions import ToolError, UsageError
+from ._tracecontext import outgoing as outgoing_trace
 from .models._config import SSEDecoder
 from .models._http import _close_response
 from .tools import Tool, ToolContext
@@ -261,11 +268,20 @@ class RemoteAgent(Tool[..., Any]):
 
     # ---- HTTP ----------------------------------------------------------------------------------
 
+    def _headers_now(self) -> dict[str, str]:
+        """The headers of a request made now: ours, and the current task's trace context (a
+        tracing hook's ``execute_tool`` span: see the module docstring)."""
+        headers = dict(self._headers)
+        trace = outgoing_trace.get()
+        if trace:
+            headers.update(trace)
+        return headers
+
     async def _endpoint_of(self, client: httpx2.AsyncClient) -> str:
         if self._endpoint is not None:
             return self._endpoint
         try:
-            response = await client.get(self.url + CARD_PATH, headers=self._headers)
+            response = await client.get(self.url + CARD_PATH, headers=self._headers_now())
         except httpx2.HTTPError as exc:
             raise ToolError(f"cannot reach the remote agent at {self.url}: {exc}") from exc
         if response.status_code != 200:
@@ -287,7 +303,7 @@ class RemoteAgent(Tool[..., Any]):
     ) -> Any:
         body = {"jsonrpc": "2.0", "id": uuid.uuid4().hex, "method": method, "params": params}
         try:
-            response = await client.post(endpoint, json=body, headers=self._headers)
+            response = await client.post(endpoint, json=body, headers=self._headers_now())
         except httpx2.HTTPError as exc:
             raise ToolError(f"cannot reach the remote agent at {self.url}: {exc}") from exc
         return _answer_of(method, response.status_code, response.content)
@@ -302,7 +318,8 @@ class RemoteAgent(Tool[..., Any]):
     ) -> None:
         """Stream ``method`` until the task settles or the stream ends."""
         body = {"jsonrpc": "2.0", "id": uuid.uuid4().hex, "method": method, "params": params}
-        headers = {**self._headers, "Accept": "text/event-stream"}
+        headers = self._headers_now()
+        headers["Accept"] = "text/event-stream"
         try:
             async with client.stream("POST", endpoint, json=body, headers=headers) as response:
                 reader = response.aiter_bytes()

@@ -376,7 +376,15 @@ class HookSet:
     """A runner's hooks, checked once; :meth:`bind` makes each invocation's
     :class:`InvocationHooks`."""
 
-    __slots__ = ("by_method", "event_kinds", "nonblocking", "run_tracers", "timeout", "tracers")
+    __slots__ = (
+        "by_method",
+        "event_kinds",
+        "nonblocking",
+        "run_tracers",
+        "shieldless",
+        "timeout",
+        "tracers",
+    )
 
     def __init__(self, hooks: Sequence[object], *, timeout: float) -> None:
         if isinstance(hooks, (str, bytes)) or not isinstance(hooks, (list, tuple)):
@@ -421,6 +429,13 @@ class HookSet:
                         f"returning the run's trace context headers, got {run_tracer!r}"
                     )
                 self.run_tracers.append((_hook_name(hook), run_tracer))
+
+        # Methods whose every hook is nonblocking: their ends are called without a shield.
+        self.shieldless = frozenset(
+            name
+            for name, found in self.by_method.items()
+            if all(fn in self.nonblocking for _, fn in found)
+        )
 
     def trace_context(self) -> Mapping[str, str]:
         """The caller's trace context (see the module docstring): ask the hooks that have
@@ -471,6 +486,7 @@ class InvocationHooks:
         "_info",
         "_methods",
         "_nonblocking",
+        "_shieldless",
         "_store",
         "_timeout",
         "_warned",
@@ -483,6 +499,7 @@ class InvocationHooks:
         self._timeout = hooks.timeout
         self._event_kinds = hooks.event_kinds
         self._nonblocking = hooks.nonblocking
+        self._shieldless = hooks.shieldless
         self._info = InvocationInfo(
             invocation_id=host.id,
             agent=host.agent.name,
@@ -604,7 +621,7 @@ class InvocationHooks:
             await self._call(name, method, fn, args)
 
     async def _call_shielded(self, method: str, *args: Any) -> None:
-        if all(fn in self._nonblocking for _, fn in self._methods.get(method, ())):
+        if method in self._shieldless or method not in self._methods:
             await self._call_all(method, *args)  # they cannot see a cancel: no scope
             return
         with trio.CancelScope(shield=True):

@@ -22,6 +22,9 @@ Spans (see ``docs/guide-observability.md`` for every attribute)
     provider's request id.  Its W3C ``traceparent`` is sent with the model's HTTP request.
 ``execute_tool {tool}``
     one per tool call; the current span while the tool runs (its own calls are children).
+    Its ``traceparent`` goes with the tool's calls to other services: an A2A
+    :class:`~trio_agents.a2a.RemoteAgent` sends it as a header, and the MCP SDK puts the
+    current span in each request's ``_meta`` (SEP-414).
 ``await_approval {tool}``
     a tool call's wait for a person: its end state (``approved``, ``denied``, ``expired``,
     ``cancelled``, or ``pending`` when the invocation paused) and who decided.
@@ -102,6 +105,18 @@ def _ns(at: float) -> int:
     return int(at * 1e9)
 
 
+def _carrier(span: Span) -> dict[str, str]:
+    """W3C headers naming ``span`` as the parent: what the W3C propagator's ``inject`` writes,
+    without the context it would build to find the span."""
+    found = span.get_span_context()
+    carrier = {
+        "traceparent": f"00-{found.trace_id:032x}-{found.span_id:016x}-{found.trace_flags:02x}"
+    }
+    if found.trace_state:
+        carrier["tracestate"] = found.trace_state.to_header()
+    return carrier
+
+
 def _parent(carrier: Mapping[str, str]) -> otel_context.Context | None:
     if not carrier:
         return None
@@ -124,6 +139,7 @@ class _Run:
 
     info: InvocationInfo
     span: Span
+    context: otel_context.Context  # the span's: the parent of the run's own spans
     started: float  # perf_counter
     attached: _Attached | None = None
     steps: dict[str, Span] = attrs.field(factory=dict)
@@ -237,10 +253,10 @@ class OTelHooks(Hooks):
     def trace_context(self) -> Mapping[str, str]:
         """The caller's current span as W3C headers (asked by the runner in the caller's task),
         else the server's incoming request's."""
-        carrier: dict[str, str] = {}
-        if trace.get_current_span().get_span_context().is_valid:
-            _PROPAGATOR.inject(carrier)
-        return carrier or incoming_trace.get()
+        current = trace.get_current_span()
+        if current.get_span_context().is_valid:
+            return _carrier(current)
+        return incoming_trace.get()
 
     def run_trace(self, caller: Mapping[str, str]) -> Mapping[str, str]:
         """Start the run's ``invoke_agent`` span now, as the child of ``caller``, and answer
@@ -254,8 +270,7 @@ class OTelHooks(Hooks):
         )
         if not span.is_recording():
             return caller
-        carrier: dict[str, str] = {}
-        _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
+        carrier = _carrier(span)
         opening = self._opening
         opening[carrier["traceparent"]] = span
         if len(opening) > _OPENING_KEPT:  # runs that failed to open: end the oldest
@@ -295,11 +310,14 @@ class OTelHooks(Hooks):
                 attributes=attributes,
                 links=links,
             )
-        run = _Run(info=inv, span=span, started=time.perf_counter())
+        context = trace.set_span_in_context(span)
+        run = _Run(info=inv, span=span, context=context, started=time.perf_counter())
         self._runs[inv.invocation_id] = run
         # Current in the invocation's task (and so in the tasks it spawns: trio copies the
         # context); detached in on_invocation_end, which this same task awaits.
-        run.attached = self._attach(span)
+        run.attached = _Attached(
+            task=trio.lowlevel.current_task(), token=otel_context.attach(context)
+        )
 
     async def on_model_start(self, inv: InvocationInfo, call: ModelCall) -> None:
         run = self._runs.get(inv.invocation_id)
@@ -317,7 +335,7 @@ class OTelHooks(Hooks):
             attributes["gen_ai.request.temperature"] = call.request.temperature
         span = self._tracer.start_span(
             f"chat {call.model}",
-            context=trace.set_span_in_context(self._step(run, call.path)),
+            context=self._parent_context(run, call.path),
             kind=SpanKind.CLIENT,
             attributes=attributes,
         )
@@ -353,8 +371,9 @@ class OTelHooks(Hooks):
             span.set_attributes(ended)  # one call: the span's lock taken once
             self._tokens.record(usage.input_tokens, {**metric, "gen_ai.token.type": "input"})
             self._tokens.record(usage.output_tokens, {**metric, "gen_ai.token.type": "output"})
-            for tool_call in response.message.tool_calls:
-                run.call_paths[tool_call.id] = call.path
+            if call.path:  # a tool call's span's parent: its step's ("" is the default)
+                for tool_call in response.message.tool_calls:
+                    run.call_paths[tool_call.id] = call.path
         elif end.error is not None:
             error_type = type(end.error).__name__
             span.set_status(Status(StatusCode.ERROR, str(end.error)[:200]))
@@ -390,14 +409,16 @@ class OTelHooks(Hooks):
             span.set_attribute("trio_agents.cut_off", True)
         span.end()
 
-    async def on_tool_start(self, inv: InvocationInfo, call: ToolCall) -> None:
-        run = self._runs.get(inv.invocation_id)
-        if run is None:
-            return
+    def _tool_started(self, run: _Run, call: ToolCall) -> None:
+        """A tool call's intent is journaled (``tool_call_started``, in :meth:`on_record`, in
+        the task that then runs the tool: what ``on_tool_start`` would be, one hook call less
+        per tool call)."""
         if call.id in run.tools:  # started again after a credential wait: one span goes on
             return
         span = self._tool_span(run, call.id, call.name)
-        attached = self._attach(span)
+        # Current while the tool runs, and its W3C headers go out with the tool's own calls
+        # (an A2A RemoteAgent's requests; an MCP client puts the current span in its _meta).
+        attached = self._attach(span, headers=True)
         run.tools[call.id] = (span, time.perf_counter(), attached)
 
     async def on_tool_end(self, inv: InvocationInfo, result: ToolResult) -> None:
@@ -429,7 +450,7 @@ class OTelHooks(Hooks):
             return
         span = self._tracer.start_span(
             f"await_approval {request.call.name}",
-            context=trace.set_span_in_context(self._step(run, request.path)),
+            context=self._parent_context(run, request.path),
             attributes={
                 "trio_agents.approval.id": request.approval_id,
                 "gen_ai.tool.name": request.call.name,
@@ -451,6 +472,7 @@ class OTelHooks(Hooks):
         elif isinstance(event, ToolCallStarted):
             # From its stamp to now: the journal's write (the tool waits for it).
             self._journal_duration.record(max(0.0, time.time() - event.at), _JOURNAL)
+            self._tool_started(run, event.call)
 
     async def on_invocation_end(self, inv: InvocationInfo, outcome: Outcome) -> None:
         run = self._runs.pop(inv.invocation_id, None)
@@ -549,6 +571,10 @@ class OTelHooks(Hooks):
             metrics.Observation(rounds.missed, {"trio_agents.lease.round": "missed"}),
         ]
 
+    def _parent_context(self, run: _Run, path: str) -> otel_context.Context:
+        """The context of the span that is the parent of what runs in step ``path``."""
+        return trace.set_span_in_context(self._step(run, path)) if path else run.context
+
     def _step(self, run: _Run, path: str) -> Span:
         """The span of the workflow step ``path`` (made at its first sight), or the run's."""
         if not path:
@@ -569,7 +595,7 @@ class OTelHooks(Hooks):
         path = run.call_paths.get(call_id, "")
         return self._tracer.start_span(
             f"execute_tool {name}",
-            context=trace.set_span_in_context(self._step(run, path)),
+            context=self._parent_context(run, path),
             kind=SpanKind.INTERNAL,
             attributes={
                 "gen_ai.operation.name": "execute_tool",
@@ -599,10 +625,8 @@ class OTelHooks(Hooks):
     def _attach(span: Span, *, headers: bool = False) -> _Attached:
         ctx = trace.set_span_in_context(span)
         attached = _Attached(task=trio.lowlevel.current_task(), token=otel_context.attach(ctx))
-        if headers:
-            carrier: dict[str, str] = {}
-            _PROPAGATOR.inject(carrier, context=ctx)
-            attached.headers = outgoing_trace.set(carrier)
+        if headers and span.get_span_context().is_valid:
+            attached.headers = outgoing_trace.set(_carrier(span))
         return attached
 
     @staticmethod
@@ -659,11 +683,15 @@ def configure(*, service_name: str | None = None, set_global: bool = True) -> Te
     exporter's name, comma-separated) choose the exporters; ``OTEL_SERVICE_NAME`` and
     ``OTEL_RESOURCE_ATTRIBUTES`` the resource (``service_name`` is the default name); spans go
     through a ``BatchSpanProcessor`` (``OTEL_BSP_*``) and metrics through a periodic reader
-    (``OTEL_METRIC_EXPORT_INTERVAL``).  With ``set_global`` the providers become the global
+    (``OTEL_METRIC_EXPORT_INTERVAL``).  Exemplars are off unless
+    ``OTEL_METRICS_EXEMPLAR_FILTER`` is set: the SDK's default (``trace_based``) samples an
+    exemplar at every histogram record made under a sampled span - every record of ours -
+    which costs each record more than the record itself; set the variable to ``trace_based``
+    (or ``always_on``) to have them.  With ``set_global`` the providers become the global
     ones, which :class:`OTelHooks` uses by default.  Needs ``trio-agents[otel]``.
     """
     try:
-        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
         from opentelemetry.sdk.resources import OTELResourceDetector, Resource
         from opentelemetry.sdk.trace import TracerProvider
@@ -687,7 +715,11 @@ def configure(*, service_name: str | None = None, set_global: bool = True) -> Te
         PeriodicExportingMetricReader(exporter)
         for exporter in _exporter("opentelemetry_metrics_exporter", metrics_names)
     ]
-    meter_provider = MeterProvider(resource=resource, metric_readers=readers)
+    # None: the SDK reads OTEL_METRICS_EXEMPLAR_FILTER (see the docstring).
+    exemplars = None if "OTEL_METRICS_EXEMPLAR_FILTER" in os.environ else AlwaysOffExemplarFilter()
+    meter_provider = MeterProvider(
+        resource=resource, metric_readers=readers, exemplar_filter=exemplars
+    )
     if set_global:
         trace.set_tracer_provider(tracer_provider)
         metrics.set_meter_provider(meter_provider)

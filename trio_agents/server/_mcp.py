@@ -2,6 +2,10 @@
 invocation.  Used by ``trio-agents mcp module:agent`` (stdio) and by :class:`MCPEndpoint`
 (streamable HTTP at ``/mcp``: ``create_app(..., mcp=True)``, ``trio-agents serve --mcp``).
 
+Trace context: a ``tools/call`` whose ``params._meta`` carries a W3C ``traceparent`` (SEP-414;
+the ``mcp`` SDK's client sends its current span there) starts its invocation as that
+context's child, as an HTTP request's ``traceparent`` header does.
+
 Who owns what: the invocation runs in the runner's nursery, like any other; the MCP request's
 handler (a task of the SDK's server, in its cancel scope) starts it, forwards its events as
 progress notifications, and waits for its one outcome.
@@ -28,6 +32,8 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
+from .._tracecontext import carrier_in
+from .._tracecontext import incoming as incoming_trace
 from ..agents import AgentLike
 from ..events import Event, InvocationEnded, TextDelta, ToolCallFinished, ToolCallStarted
 from ..runner import EventStream, Runner
@@ -72,7 +78,16 @@ def agents_mcp_server(agents: Sequence[AgentLike], runner: Runner) -> Server[Any
         text = (params.arguments or {}).get("input")
         if not isinstance(text, str):
             return _error(f"agent {params.name!r} needs an 'input' string argument")
-        inv = await runner.start(agent, text)
+        # The call's trace context (SEP-414: in params._meta) is the invocation's caller's, as
+        # a request's headers are on HTTP.  (The SDK's own middleware also makes it the
+        # current OpenTelemetry context here, which OTelHooks reads first.)
+        carrier = carrier_in(ctx.meta)
+        token = incoming_trace.set(carrier) if carrier else None
+        try:
+            inv = await runner.start(agent, text)
+        finally:
+            if token is not None:
+                incoming_trace.reset(token)
         try:
             await _forward_progress(ctx, inv.events())  # until its terminal event
             outcome = await inv.wait()
