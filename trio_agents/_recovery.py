@@ -67,7 +67,7 @@ RECOVER_MODES: Final[tuple[Recover, ...]] = ("off", "resume", "fail")
 
 PAGE: Final = 256
 """Orphans read per sweep (a sweep that finds a full page reads the next at once)."""
-AT_ONCE: Final = 32
+AT_ONCE: Final = 128
 """Orphans taken over at the same time."""
 
 
