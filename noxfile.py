@@ -11,8 +11,7 @@ nox.options.reuse_existing_virtualenvs = True
 
 # Test workers (pytest-xdist): most tests wait on a subprocess, a server or a database, so two
 # workers keep two cores busy.  ``nox -s tests -- -n 4`` overrides it; ``-n 0`` runs every test
-# in one process.  (pyproject's addopts has ``--dist=loadgroup``: tests marked
-# ``xdist_group`` share a worker.)
+# in one process.
 TEST_WORKERS = "2"
 
 
