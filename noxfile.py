@@ -9,11 +9,26 @@ nox.options.sessions = ["lint", "tests"]
 nox.options.reuse_existing_virtualenvs = True
 
 
+# Test workers (pytest-xdist): most tests wait on a subprocess, a server or a database, so two
+# workers keep two cores busy.  ``nox -s tests -- -n 4`` overrides it; ``-n 0`` runs every test
+# in one process.
+TEST_WORKERS = "2"
+
+
+def _chooses_workers(args: list[str]) -> bool:
+    """Whether pytest's arguments already say how many workers (``-n N``, ``-nN``,
+    ``--numprocesses[=]N``)."""
+    return any(arg.startswith(("-n", "--numprocesses")) for arg in args)
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The test suite (PostgreSQL tests skip if the server is absent, unless CI requires it)."""
+    """The test suite, on ``TEST_WORKERS`` worker processes (PostgreSQL tests skip if the
+    server is absent, unless CI requires it)."""
     session.install("-e", ".[dev]")
-    session.run("pytest", *session.posargs)
+    args = list(session.posargs)
+    workers = [] if _chooses_workers(args) else ["-n", TEST_WORKERS]
+    session.run("pytest", *workers, *args)
 
 
 @nox.session

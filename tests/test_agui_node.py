@@ -10,6 +10,7 @@ Without Node or the npm registry these tests skip - unless ``TRIO_AGENTS_REQUIRE
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -54,8 +55,28 @@ def agui_client() -> Path:
     root = Path(os.environ.get("TRIO_AGENTS_NODE_CACHE", Path.home() / ".cache" / "trio-agents"))
     where = root / f"agui-node-{hashlib.sha256(lock).hexdigest()[:16]}"
     where.mkdir(parents=True, exist_ok=True)
-    for name in FILES:
-        shutil.copyfile(HERE / name, where / name)
+    # Test workers (pytest-xdist) each run this fixture: one at a time here, so no two
+    # `npm ci` share the directory, and a file that changed is replaced whole (os.replace),
+    # so a client another worker is starting never reads it half-written.
+    with (root / f"{where.name}.lock").open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        for name in FILES:
+            _copy_if_changed(HERE / name, where / name)
+        _install(npm, where)
+    return where
+
+
+def _copy_if_changed(source: Path, target: Path) -> None:
+    data = source.read_bytes()
+    if target.exists() and target.read_bytes() == data:
+        return
+    partial_copy = target.with_name(f".{target.name}.{os.getpid()}")
+    partial_copy.write_bytes(data)
+    os.replace(partial_copy, target)
+
+
+def _install(npm: str, where: Path) -> None:
+    """``npm ci`` in ``where`` unless ``@ag-ui/client`` is installed there already."""
     if not (where / "node_modules" / "@ag-ui" / "client" / "package.json").exists():
         done = subprocess.run(
             [npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
@@ -67,7 +88,6 @@ def agui_client() -> Path:
         )
         if done.returncode != 0:
             _unavailable(f"npm ci of @ag-ui/client failed: {done.stderr[-2000:]}")
-    return where
 
 
 class NodeClient:

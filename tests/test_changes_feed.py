@@ -269,7 +269,7 @@ async def test_appenders_committing_the_other_way_round_are_read_in_order(
             cursor = 0
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(second)
-                await _committed_or_waiting(store, second_done)
+                await _committed_or_waiting(store, second_done, conn.info.backend_pid)
                 read = await store.read_changes("a", after=cursor)
                 got += read.changes
                 cursor = read.cursor
@@ -283,14 +283,20 @@ async def test_appenders_committing_the_other_way_round_are_read_in_order(
         assert [c.id for c in got] == [1, 2]
 
 
-async def _committed_or_waiting(store: PostgresStore, done: trio.Event) -> None:
-    """Return once ``done`` is set, or a transaction of this database waits for a lock to
-    number its change (polled: PostgreSQL says so only in ``pg_stat_activity``)."""
+async def _committed_or_waiting(store: PostgresStore, done: trio.Event, holder: int) -> None:
+    """Return once ``done`` is set, or a transaction waits for the lock that the backend
+    ``holder`` (the first appender) holds, to number its change (polled: PostgreSQL says so
+    only in ``pg_stat_activity``; by the blocker's pid, not by the query alone, so a test on
+    another schema waiting on its own ``changes_head`` does not count)."""
     with trio.move_on_after(10):
         while not done.is_set():
             rows = await store._execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                " AND wait_event_type = 'Lock' AND query LIKE '%UPDATE changes_head%'"
+                (
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND wait_event_type = 'Lock' AND strpos(query, 'UPDATE changes_head') > 0"
+                    " AND ? = ANY(pg_blocking_pids(pid))",
+                    (holder,),
+                )
             )
             if rows[0][0]:
                 return
