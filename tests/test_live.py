@@ -283,7 +283,7 @@ async def test_a_tool_call_runs_as_an_ordinary_tool(autojump_clock: trio.abc.Clo
     """A function call: intent and result journaled, the output sent back, a new response."""
 
     @tool
-    def add(a: int, b: int) -> int:
+    async def add(a: int, b: int) -> int:
         """Add."""
         return a + b
 
@@ -481,7 +481,7 @@ async def test_a_tool_that_needs_approval_waits_for_a_decision(
     tool; once approved it runs and the model gets its output."""
 
     @tool(requires_approval=True)
-    def deploy(service: str) -> str:
+    async def deploy(service: str) -> str:
         """Deploy a service."""
         return f"deployed {service}"
 
@@ -550,7 +550,7 @@ async def test_calls_of_a_response_cut_while_generating_are_answered_not_run(
     calls = 0
 
     @tool
-    def noop() -> str:
+    async def noop() -> str:
         """Do nothing."""
         nonlocal calls
         calls += 1
