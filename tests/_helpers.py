@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+import queue
+import threading
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import trio
 
@@ -254,3 +257,44 @@ def journal_gaps(events: Sequence[Event]) -> list[str]:
             wrong.append(f"{key} after {last}")
         last = key
     return wrong
+
+
+class HasToken(Protocol):
+    token: trio.lowlevel.TrioToken
+
+
+S = TypeVar("S", bound=HasToken)
+
+
+@contextmanager
+def served_in_thread(
+    serve: Callable[[queue.Queue[S | BaseException], trio.Event], Awaitable[None]],
+) -> Iterator[S]:
+    """Run ``serve(ready, stop)`` in its own trio run on a thread (for tests driven by a
+    synchronous client, a browser): it puts what it serves (with the run's ``token``) in
+    ``ready`` once listening and returns when ``stop`` is set.  Yields what it served; on
+    exit sets ``stop`` and joins the thread."""
+    ready: queue.Queue[S | BaseException] = queue.Queue()
+    stop: list[trio.Event] = []
+
+    async def main() -> None:
+        stop.append(trio.Event())
+        await serve(ready, stop[0])
+
+    def thread_main() -> None:
+        try:
+            trio.run(main)
+        except BaseException as exc:  # not in trio: hand whatever ended the run to the test
+            ready.put(exc)
+
+    thread = threading.Thread(target=thread_main, daemon=True)
+    thread.start()
+    got = ready.get(timeout=30)
+    if isinstance(got, BaseException):
+        raise got
+    try:
+        yield got
+    finally:
+        trio.from_thread.run_sync(stop[0].set, trio_token=got.token)
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "the server thread did not stop"

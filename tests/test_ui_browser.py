@@ -46,6 +46,7 @@ from trio_agents.models import OpenAIChat
 from trio_agents.server import create_app, serve
 from trio_agents.testing import FakeServer, ResponsePlan, open_fake_openai_server, openai_stream
 
+from ._helpers import served_in_thread
 from ._server import ALICE, TOKENS, auth
 
 T = TypeVar("T")
@@ -186,32 +187,11 @@ async def _serve_all(
         )
 
 
-def _thread_main(ready: queue.Queue[Served | BaseException], stop: list[trio.Event]) -> None:
-    async def main() -> None:
-        stop.append(trio.Event())
-        await _serve_all(ready, stop[0], [])
-
-    try:
-        trio.run(main)
-    except BaseException as exc:
-        ready.put(exc)
-
-
 @pytest.fixture(scope="module")
 def served(chromium_path: str) -> Iterator[Served]:
-    ready: queue.Queue[Served | BaseException] = queue.Queue()
-    stop: list[trio.Event] = []
-    thread = threading.Thread(target=_thread_main, args=(ready, stop), daemon=True)
-    thread.start()
-    got = ready.get(timeout=30)
-    if isinstance(got, BaseException):
-        raise got
-    try:
+    got: Served
+    with served_in_thread(partial(_serve_all, deployed=[])) as got:
         yield got
-    finally:
-        trio.from_thread.run_sync(stop[0].set, trio_token=got.token)
-        thread.join(timeout=30)
-        assert not thread.is_alive(), "the server thread did not stop"
 
 
 @pytest.fixture(scope="module")

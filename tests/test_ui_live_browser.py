@@ -21,7 +21,6 @@ import math
 import os
 import queue
 import struct
-import threading
 import wave
 from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
@@ -45,6 +44,7 @@ from trio_agents.testing.realtime import (
     open_fake_realtime_server,
 )
 
+from ._helpers import served_in_thread
 from ._server import ALICE, TOKENS
 from .test_ui_browser_layout import assert_no_sideways_scroll, assert_on_screen
 
@@ -118,32 +118,10 @@ async def _serve(ready: queue.Queue[Served | BaseException], stop: trio.Event) -
         ready.put(Served(bound[0], ptt, vad, drop, trio.lowlevel.current_trio_token()))
 
 
-def _thread_main(ready: queue.Queue[Served | BaseException], stop: list[trio.Event]) -> None:
-    async def main() -> None:
-        stop.append(trio.Event())
-        await _serve(ready, stop[0])
-
-    try:
-        trio.run(main)
-    except BaseException as exc:
-        ready.put(exc)
-
-
 @pytest.fixture(scope="module")
 def served(chromium_path: str) -> Iterator[Served]:
-    ready: queue.Queue[Served | BaseException] = queue.Queue()
-    stop: list[trio.Event] = []
-    thread = threading.Thread(target=_thread_main, args=(ready, stop), daemon=True)
-    thread.start()
-    got = ready.get(timeout=30)
-    if isinstance(got, BaseException):
-        raise got
-    try:
+    with served_in_thread(_serve) as got:
         yield got
-    finally:
-        trio.from_thread.run_sync(stop[0].set, trio_token=got.token)
-        thread.join(timeout=30)
-        assert not thread.is_alive(), "the server thread did not stop"
 
 
 def write_tone(path: Path, seconds: float = 2.0, rate: int = 48_000) -> None:
