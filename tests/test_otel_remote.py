@@ -10,8 +10,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import os
-import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -37,7 +35,7 @@ from trio_agents.server import create_app, serve
 
 from ._helpers import eventually
 from ._server import ALICE, TOKENS, auth, open_server
-from .mcp_servers import HERE
+from .mcp_servers import HERE, http_server_url
 from .test_otel import PARENT_SPAN, PARENT_TRACE, TRACEPARENT, Telemetry, attrs_of, parent_of
 
 TRACE_SERVER = str(HERE / "trace_server.py")
@@ -202,34 +200,8 @@ async def open_trace_server(transport: str, log: Path) -> AsyncIterator[ta.mcp.M
         env = {"MCP_TRACE_LOG": str(log)}
         yield ta.mcp.MCPServer.stdio(sys.executable, [TRACE_SERVER, "stdio"], env=env)
         return
-    async with trio.open_nursery() as nursery:
-        run = functools.partial(
-            trio.run_process,
-            [sys.executable, TRACE_SERVER, "http"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            env={**os.environ, "MCP_TRACE_LOG": str(log)},
-            check=False,
-        )
-        process = await nursery.start(run)
-        try:
-            assert process.stdout is not None
-            line = b""
-            with trio.fail_after(20):
-                while not line.endswith(b"\n"):
-                    line += await process.stdout.receive_some(1)
-                port = int(line.split()[1])
-                while True:  # until it accepts connections
-                    try:
-                        probe = await trio.open_tcp_stream("127.0.0.1", port)
-                    except OSError:
-                        await trio.sleep(0.05)
-                        continue
-                    await probe.aclose()
-                    break
-            yield ta.mcp.MCPServer.http(f"http://127.0.0.1:{port}/mcp", name="trace-http")
-        finally:
-            process.kill()
+    async with http_server_url(log, script=TRACE_SERVER, log_var="MCP_TRACE_LOG") as url:
+        yield ta.mcp.MCPServer.http(url, name="trace-http")
 
 
 @pytest.mark.slow

@@ -63,13 +63,16 @@ def stdio_server(log: Path, **options: object) -> ta.mcp.MCPServer:
 
 
 @asynccontextmanager
-async def http_server_url(log: Path) -> AsyncIterator[str]:
-    """Run the fixture server over streamable HTTP in a child process; yield its URL."""
-    env = {**os.environ, "MCP_LOG": str(log)}
+async def http_server_url(
+    log: Path, *, script: str = TOOLS_SERVER, log_var: str = "MCP_LOG"
+) -> AsyncIterator[str]:
+    """Run a fixture server (``script``, the tools server by default) over streamable HTTP
+    in a child process, logging to ``log`` (named by the ``log_var`` variable); yield its URL."""
+    env = {**os.environ, log_var: str(log)}
     async with trio.open_nursery() as nursery:
         run = functools.partial(
             trio.run_process,
-            [sys.executable, TOOLS_SERVER, "http"],
+            [sys.executable, script, "http"],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             env=env,
