@@ -26,7 +26,6 @@ from trio_agents.live import (
     LiveAgent,
     LiveAudio,
     LiveInterrupted,
-    LiveSession,
     LiveTurnDone,
     open_live,
 )
@@ -49,9 +48,7 @@ from trio_agents.testing.realtime import (
 from trio_agents.tools import tool
 
 from .conftest import POSTGRES, SQLITE, only
-
-ROOT = Path(__file__).resolve().parent.parent
-WORDS = ("one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
+from .test_live import ROOT, WORDS, next_of
 
 
 def bounded(test: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
@@ -80,13 +77,6 @@ def voice(server: FakeRealtimeServer, **kwargs: Any) -> LiveAgent:
 
 def chat(base_url: str) -> ta.Agent:
     return ta.Agent(name="chat", model=OpenAIChat("gpt-4o-mini", base_url=base_url, api_key="k"))
-
-
-async def next_of(live: LiveSession, kind: type[Any]) -> Any:
-    while True:
-        item = await live.receive()
-        if isinstance(item, kind):
-            return item
 
 
 @tool
