@@ -686,6 +686,12 @@ function block(key, make) {
   return el;
 }
 
+// The chip of the tool call d.call (an approval's or a request for input's) says what it waits for.
+function markCallWaiting(d, text) {
+  const chip = turnBlock(d.path, d.turn).querySelector(`[data-call="${CSS.escape(d.call.id)}"]`);
+  if (chip) chip.querySelector(".tool-state").textContent = text;
+}
+
 function turnBlock(path, turn) {
   const inv = ui.cur;
   return block(`turn:${inv.run}:${path}:${turn}`, () => {
@@ -772,8 +778,7 @@ function apply(entry, replaying) {
     }
     case "approval_requested": {
       approvalCard(d);
-      const chip = turnBlock(d.path, d.turn).querySelector(`[data-call="${CSS.escape(d.call.id)}"]`);
-      if (chip) chip.querySelector(".tool-state").textContent = "waiting for approval";
+      markCallWaiting(d, "waiting for approval");
       drawStatus();
       break;
     }
@@ -784,8 +789,7 @@ function apply(entry, replaying) {
     case "input_requested": {
       // A running tool (an MCP server's elicitation) asks a person: a card like an approval's.
       inputCard(d);
-      const chip = turnBlock(d.path, d.turn).querySelector(`[data-call="${CSS.escape(d.call.id)}"]`);
-      if (chip) chip.querySelector(".tool-state").textContent = "waiting for input";
+      markCallWaiting(d, "waiting for input");
       drawStatus();
       break;
     }
