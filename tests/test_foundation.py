@@ -20,9 +20,15 @@ from trio_agents.events import (
     MAX_EVENT_ID_PART,
     Event,
     InvocationEnded,
+    ReasoningDelta,
     TextDelta,
     TurnFinished,
+    converter,
+    decode,
+    encode,
+    encode_many,
     parse_event_id,
+    to_dict,
 )
 from trio_agents.messages import AssistantMessage, ModelRequest, ToolCall, UserMessage
 from trio_agents.models import ScriptedModel, ScriptedTurn
@@ -65,6 +71,26 @@ class FailEndingOnce(Wrapped):
             return [ta.StoreUnavailableError("the store went away") for _ in writes]
         result: list[Any] = await self._inner.commit(writes)
         return result
+
+
+# ---- one wire form ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", [TextDelta, ReasoningDelta])
+@pytest.mark.parametrize("sub", [0, 7])
+def test_a_delta_written_out_field_by_field_has_the_converters_wire_form(
+    cls: type[TextDelta], sub: int
+) -> None:
+    """Deltas take a spelled-out path to their wire dict (the per-token cost); it must give
+    what the general path gives, key order included, and read back to the same event."""
+    delta = cls(invocation_id="inv-1", seq=3, sub=sub, at=1.5, path="a/b", turn=2, text="h\u00e9\n")
+    general: dict[str, Any] = converter.unstructure(delta)
+    if not sub:
+        del general["sub"]
+    general["v"] = 1
+    assert list(to_dict(delta).items()) == list(general.items())
+    assert decode(encode(delta)) == delta
+    assert encode_many([delta, delta]) == f"[{encode(delta)},{encode(delta)}]"
 
 
 # ---- one event identity --------------------------------------------------------------------

@@ -44,7 +44,7 @@ Events of an agent inside a workflow carry a ``path`` (``"0:research"``,
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal, TypeAlias
 
 import attrs
@@ -102,6 +102,7 @@ __all__ = [
     "decode",
     "decode_message",
     "encode",
+    "encode_many",
     "encode_message",
     "event_id",
     "mode_reaches",
@@ -773,7 +774,22 @@ converter.register_structure_hook(Event, _structure_tagged(_EVENT_TYPES, "event"
 
 def to_dict(event: Event) -> dict[str, Any]:
     """The event as a JSON-ready dict, with the codec version under ``"v"``."""
-    data: dict[str, Any] = converter.unstructure(event)
+    if type(event) in _DELTA_TYPES:  # the per-token path: the same dict, spelled out
+        delta: TextDelta = event  # type: ignore[assignment]
+        data: dict[str, Any] = {
+            "kind": delta.kind,
+            "invocation_id": delta.invocation_id,
+            "seq": delta.seq,
+        }
+        if delta.sub:
+            data["sub"] = delta.sub
+        data["at"] = delta.at
+        data["path"] = delta.path
+        data["turn"] = delta.turn
+        data["text"] = delta.text
+        data["v"] = WIRE_VERSION
+        return data
+    data = converter.unstructure(event)
     if not data["sub"]:
         del data["sub"]
     if "trace" in data and not data["trace"]:  # an event stored without a trace context
@@ -804,9 +820,22 @@ def from_dict(data: Any) -> Event:
     return event
 
 
+_DELTA_TYPES: Final = frozenset({TextDelta, ReasoningDelta})
+"""Events whose :func:`to_dict` is written out field by field (streamed per token): the
+fields of both, in order, are ``kind, invocation_id, seq, sub, at, path, turn, text``."""
+
+_JSON: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+"""The wire's encoder (``json.dumps`` with these options builds one per call)."""
+
+
 def encode(event: Event) -> str:
     """The event's one JSON wire form (compact, UTF-8 safe)."""
-    return json.dumps(to_dict(event), separators=(",", ":"), ensure_ascii=False)
+    return _JSON.encode(to_dict(event))
+
+
+def encode_many(events: Sequence[Event]) -> str:
+    """A JSON array of the events' :func:`encode` objects (a stored batch of deltas)."""
+    return _JSON.encode([to_dict(e) for e in events])
 
 
 def decode(text: str | bytes) -> Event:

@@ -28,7 +28,7 @@ from ..events import (
     InvocationEnded,
     decode,
     decode_message,
-    encode,
+    encode_many,
     encode_message,
     event_id,
     from_dict,
@@ -290,7 +290,7 @@ def decode_event_row(text: str | bytes, *, invocation_id: str, seq: int) -> Even
 
 def encode_batch(deltas: Sequence[Event]) -> str:
     """A batch's stored form: a JSON array of the events' :func:`encode` objects."""
-    return "[" + ",".join(encode(e) for e in deltas) + "]"
+    return encode_many(deltas)
 
 
 def decode_batch(
