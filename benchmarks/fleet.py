@@ -40,8 +40,9 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -194,13 +195,14 @@ async def kill_part(
     victim: subprocess.Popen[bytes],
     held: int,
     lease_ttl: float,
+    lapsed_at: Callable[[float], float | None],
 ) -> dict[str, Any]:
     running = await start_many(client, urls[:1], "slow", held, "held")
     prompts = {p for _, _, p in running}
     await streaming(records, prompts)
     victim.send_signal(signal.SIGKILL)
     victim.wait()
-    killed = time.monotonic()
+    killed, killed_wall = time.monotonic(), time.time()
     lost = set(prompts)
     with trio.move_on_after(lease_ttl * 4 + 60):
         while lost:
@@ -227,9 +229,11 @@ async def kill_part(
     for url in urls[1:]:  # stop what was taken over
         for _, invocation_id, _ in running:
             await client.post(f"{url}/invocations/{invocation_id}:cancel", json={"wait": False})
+    lapsed = lapsed_at(killed_wall)
     return {
         "held by the killed instance": held,
         "lease_ttl (s)": lease_ttl,
+        "its lease lapsed after (s)": None if lapsed is None else round(lapsed - killed_wall, 2),
         "all running again after (s)": round(max(again), 2) if again and not lost else None,
         "first running again after (s)": round(min(again), 2) if again else None,
         "lost": len(lost),
@@ -238,6 +242,17 @@ async def kill_part(
 
 
 # --- idle -----------------------------------------------------------------------------------
+
+
+def lapsed_owner(dsn: str, schema: str, killed: float) -> float | None:
+    """When the lease of the owner killed at ``killed`` lapsed (Unix seconds; the store's
+    clock is this machine's): the owner row that expired since."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            f'SELECT max(expires_at) FROM "{schema}".owners WHERE expires_at BETWEEN %s AND %s',
+            (killed, time.time()),
+        ).fetchone()
+    return None if row is None or row[0] is None else float(row[0])
 
 
 def pg_counters(dsn: str, schema: str) -> tuple[int, int]:
@@ -337,7 +352,13 @@ async def run_size(args: argparse.Namespace, model_url: str, size: int) -> dict[
                 ]
             if size >= 2 and "kill" in args.parts:
                 results["kill"] = await kill_part(
-                    client, records, urls, fleet[0][1], args.held, args.lease_ttl
+                    client,
+                    records,
+                    urls,
+                    fleet[0][1],
+                    args.held,
+                    args.lease_ttl,
+                    partial(lapsed_owner, args.pg, schema),
                 )
     with psycopg.connect(args.pg, autocommit=True) as conn:
         conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
@@ -372,7 +393,8 @@ def report(all_results: dict[int, dict[str, Any]]) -> None:
         if "kill" in results:
             kill = results["kill"]
             print(
-                f"kill of an instance holding {kill['held by the killed instance']}: the "
+                f"kill of an instance holding {kill['held by the killed instance']}: its lease "
+                f"lapsed after {kill['its lease lapsed after (s)']} s, the "
                 f"first running again after {kill['first running again after (s)']} s, all "
                 f"after {kill['all running again after (s)']} s (lease "
                 f"{kill['lease_ttl (s)']} s), lost {kill['lost']}, run twice {kill['run twice']}"

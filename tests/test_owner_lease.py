@@ -15,7 +15,14 @@ import trio
 
 from trio_agents import Agent, LeaseError, Runner, SessionBusy, StoreUnavailableError
 from trio_agents.models import ScriptedModel, ScriptedTurn
-from trio_agents.stores import InvocationRecord, Lease, MemoryStore, OwnerLeases, PostgresStore
+from trio_agents.stores import (
+    InvocationRecord,
+    Lease,
+    MemoryStore,
+    OwnerLapses,
+    OwnerLeases,
+    PostgresStore,
+)
 
 from .conftest import StoreCase
 
@@ -381,3 +388,22 @@ async def test_an_invocation_dropped_unended_is_given_back_while_its_runner_live
         assert (await inner.get_invocation(long.id)).lease_expires_at > trio.current_time()
         long.cancel()
         await long.wait()
+
+
+# ---- next_lapse: when the next runner's row runs out ----------------------------------------
+
+
+async def test_next_lapse_is_the_first_live_row_of_another_owner(case: StoreCase) -> None:
+    """Seconds until the first live owner row but the caller's lapses: rows made live by a
+    round count, the caller's own and lapsed ones do not, and none says ``None``."""
+    lapses = cast(OwnerLapses, case.store)
+    assert callable(getattr(type(case.store), "next_lapse", None))
+    assert await lapses.next_lapse(excluding="me") is None
+    await renewed(case, await start(case, ["a1"], owner="a"))  # a's row: live until now + TTL
+    case.clock.advance(5)
+    await renewed(case, await start(case, ["b1"], owner="b"))  # b's: until now + TTL
+    assert await lapses.next_lapse(excluding="me") == pytest.approx(TTL - 5)
+    assert await lapses.next_lapse(excluding="a") == pytest.approx(TTL)
+    case.clock.advance(TTL - 4)  # a's row lapsed
+    assert await lapses.next_lapse(excluding="me") == pytest.approx(4)
+    assert await lapses.next_lapse(excluding="b") is None

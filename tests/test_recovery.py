@@ -384,3 +384,37 @@ async def test_orphans_that_cannot_be_taken_wait_for_the_next_sweep(
     async with Runner(store=store, agents=[agent], recover="resume", recover_interval=1):
         await trio.sleep(10)
     assert 5 <= store.looks <= 12, store.looks
+
+
+async def test_a_dead_runners_orphans_are_taken_over_as_its_row_lapses(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """A runner dies with invocations its row covers; a recovering runner whose sweeps are 20 s
+    apart takes them over as that row lapses (the store says when: ``next_lapse``), not at its
+    next sweep."""
+    effects = Effects()
+    agent = ops_agent(effects, slow=1000)
+    store = MemoryStore(clock=lambda: 1_700_000_000 + trio.current_time())
+
+    async def covered() -> bool:  # its tool runs, and a round made its row live
+        live = store._owners.get("dead-process", (0.0, 0))[0] > store._clock()
+        return live and await _has(store, "inv-1", ToolCallStarted)
+
+    await run_then_crash(
+        store,
+        lambda runner: runner.start(agent, "ship it", invocation_id="inv-1"),
+        covered,
+        lease_ttl=30,
+        within=60,
+    )
+    ((expires_at, _),) = [v for k, v in store._owners.items() if k == "dead-process"]
+    lapse = expires_at - 1_700_000_000  # on the trio clock
+    assert lapse > trio.current_time()
+    async with Runner(
+        store=store, agents=[agent], recover="resume", owner="heir", recover_interval=20
+    ) as heir:
+        with trio.fail_after(60):
+            await eventually(lambda: heir.is_active("inv-1"), every=0.001)
+        taken_at = trio.current_time()
+        heir.cancel_all(reason="enough")
+    assert lapse <= taken_at < lapse + 0.1

@@ -79,6 +79,7 @@ from .stores._base import (
     SessionEntry,
     Store,
 )
+from .stores._resume import acquire_for_resume
 
 __all__ = [
     "EventStream",
@@ -621,23 +622,26 @@ class Invocation:
             self._hold_lease(sent_at)
             rec.started(started)
         else:
-            rec.lease = await env.store.acquire_lease(
+            # The lease, and under it (one store call where the store can): a cancel the
+            # store accepted before this resume (for a run whose process died before it
+            # acted on it), which wins - the run ends cancelled before any of it runs; the
+            # head as it is under our lease, not as resume() read it (the previous owner may
+            # have written since: its terminal event, when it stopped at its lease deadline;
+            # from now on no one else can), to number from; the journal.
+            taken = await acquire_for_resume(
+                env.store,
                 self.id,
                 owner=env.owner,
                 ttl=env.lease_ttl,
                 exclusive_session=self.exclusive,
                 expect_epoch=self._expect_epoch,
             )
+            rec.lease = taken.lease
             self._hold_lease(sent_at)
-            # A cancel the store accepted before this resume (for a run whose process died
-            # before it acted on it) wins: the run ends cancelled before any of it runs.
-            asked = await env.store.cancel_requests([self.id])
-            # Number from the head as it is under our lease, not as resume() read it: the
-            # previous owner may have written since (its terminal event, when it stopped at
-            # its lease deadline), and from now on no one else can.
-            record = await env.store.get_invocation(self.id)
+            asked = taken.cancel_requests
+            record = taken.record
             rec.begin_at((record.last_seq, record.last_sub))
-            journal = await env.store.load_events(self.id)
+            journal = list(taken.events)
             self._ctx = InvocationContext(self, journal, "", self.input)
             self._gate_tally = approvals.tally(journal)
             if self._noted is not None:

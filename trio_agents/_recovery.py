@@ -14,9 +14,10 @@ Who owns it
     the loop open until it is idle, then closes it.
 
 What it does
-    At start and then every ``interval`` seconds it asks the store for orphans of the agents the
-    runner knows by name (:meth:`Store.orphans`: one indexed read, costing what lapsed, not
-    what runs) and handles each, a few at a time:
+    At start and then every ``interval`` seconds - or sooner, as another runner's row lapses
+    (:meth:`~trio_agents.stores.OwnerLapses.next_lapse`) - it asks the store for orphans of
+    the agents the runner knows by name (:meth:`Store.orphans`: one indexed read, costing
+    what lapsed, not what runs) and handles each, a few at a time:
 
     * ``"resume"``: take it over through the lease and resume it under the same id, with the
       ordinary resume rules (finished turns are not re-requested, recorded tool results are not
@@ -35,8 +36,10 @@ What it does
 
     Bound: the owner's lease ran at most ``lease_ttl`` past its last renewal, so an orphan is
     taken over within ``lease_ttl`` plus ``interval`` of its owner's death (plus the time to
-    resume it).  Paused invocations hold no lease and are not orphans; a batch's jobs are taken
-    over by the batch's workers, not here.
+    resume it); on a store that says when runners' rows lapse, and for the invocations a
+    runner's row covered (all but those it took in its last moments), within ``lease_ttl``
+    plus ``LAPSE_MARGIN``.  Paused invocations hold no lease and are not orphans; a batch's
+    jobs are taken over by the batch's workers, not here.
 
 What happens on cancel
     The task ends with the runner's background nursery; an orphan it was taking over is either
@@ -55,7 +58,7 @@ import trio
 
 from ._exceptions import InvocationNotFound, LeaseError, SessionBusy, StoreError, UsageError
 from .agents._context import AgentLike
-from .stores._base import InvocationRecord, Store
+from .stores._base import InvocationRecord, OwnerLapses, Store
 from .turnloop import LOOP_PREFIX, loop_id
 
 __all__ = ["RECOVER_MODES", "Recover", "RecoveryHost", "recover_orphans"]
@@ -69,6 +72,8 @@ PAGE: Final = 256
 """Orphans read per sweep (a sweep that finds a full page reads the next at once)."""
 AT_ONCE: Final = 128
 """Orphans taken over at the same time."""
+LAPSE_MARGIN: Final = 0.02
+"""Seconds past another runner's lapse at which to look (its row must be lapsed by then)."""
 
 
 class RecoveryHost(Protocol):
@@ -120,7 +125,20 @@ async def recover_orphans(
         if len(found) == PAGE and taken:  # a full page, and progress: read the next at once
             await trio.lowlevel.checkpoint()
         else:  # (a page of orphans none of which can be taken now waits for the next sweep)
-            await trio.sleep(interval)
+            await trio.sleep(await _until_next_look(host, store, interval))
+
+
+async def _until_next_look(host: RecoveryHost, store: Store, interval: float) -> float:
+    """``interval``, or less if another runner's row lapses sooner (a runner that died: its
+    orphans are looked for as its lease runs out, not up to ``interval`` later)."""
+    if not callable(getattr(type(store), "next_lapse", None)):
+        return interval
+    lapses: OwnerLapses = store  # type: ignore[assignment]
+    try:
+        soon = await lapses.next_lapse(excluding=host.owner)
+    except StoreError:
+        return interval
+    return interval if soon is None else min(interval, max(soon, 0.0) + LAPSE_MARGIN)
 
 
 async def _recover_one(

@@ -508,11 +508,15 @@ class Runner(InvocationControl):
         by_loop: bool = False,
         taken_over_from: str | None = None,
         expect_epoch: int | None = None,
+        record: InvocationRecord | None = None,
     ) -> Invocation:
+        """``record``: the invocation as the caller read it (recovery's orphan), not read
+        again here; what counts is read under the new lease (:meth:`Invocation._open`)."""
         _, env = self._check_open()
         if invocation_id in self._active:
             raise UsageError(f"invocation {invocation_id!r} is already running in this runner")
-        record = await self.store.get_invocation(invocation_id)
+        if record is None:
+            record = await self.store.get_invocation(invocation_id)
         if record.status == "completed":
             raise UsageError(f"invocation {invocation_id!r} completed already; nothing to resume")
         if agent is None:
@@ -696,6 +700,7 @@ class Runner(InvocationControl):
             exclusive=True,
             taken_over_from=record.owner,
             expect_epoch=record.lease_epoch,
+            record=record,
         )
 
     def _recover_loop(self, record: InvocationRecord, agent: AgentLike) -> None:

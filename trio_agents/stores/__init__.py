@@ -19,9 +19,12 @@ from ._base import InvocationRecord as InvocationRecord
 from ._base import InvocationStatus as InvocationStatus
 from ._base import JournalWrite as JournalWrite
 from ._base import Lease as Lease
+from ._base import OwnerLapses as OwnerLapses
 from ._base import OwnerLeases as OwnerLeases
 from ._base import OwnerRenewal as OwnerRenewal
 from ._base import Requests as Requests
+from ._base import ResumeReads as ResumeReads
+from ._base import Resumption as Resumption
 from ._base import Session as Session
 from ._base import SessionEntry as SessionEntry
 from ._base import Store as Store

@@ -217,6 +217,18 @@ class OwnerRenewal:
 
 
 @attrs.frozen(kw_only=True)
+class Resumption:
+    """What :meth:`ResumeReads.acquire_for_resume` returns: the new ``lease``, and what a
+    resume reads under it - the invocation's ``record`` (its head), the ``cancel_requests``
+    pending for it and its durable journal (``events``, as :meth:`Store.load_events`)."""
+
+    lease: Lease
+    record: InvocationRecord
+    cancel_requests: tuple[CancelRequest, ...]
+    events: tuple[Event, ...]
+
+
+@attrs.frozen(kw_only=True)
 class CancelRequest:
     """A persisted request to stop an invocation, made by anyone who knows its id.
 
@@ -789,6 +801,43 @@ class Store(BatchStore, Protocol):
 
     async def aclose(self) -> None:
         """Release connections and threads.  Idempotent."""
+        ...
+
+
+class ResumeReads(Protocol):
+    """What a store adds to :class:`Store` to take an invocation's lease for a resume and read
+    what the resume needs in one transaction (one round trip, where a resume made four).
+    Optional (the memory, SQLite and PostgreSQL stores have it).  A runner uses it when the
+    store's class defines ``acquire_for_resume`` and no subclass below it overrides one of the
+    four calls it stands for; otherwise it makes those calls one by one.
+    """
+
+    async def acquire_for_resume(
+        self,
+        invocation_id: str,
+        *,
+        owner: str,
+        ttl: float,
+        exclusive_session: bool = True,
+        expect_epoch: int | None = None,
+    ) -> Resumption:
+        """:meth:`Store.acquire_lease`, then - under that lease, in the same transaction -
+        :meth:`Store.cancel_requests` of the invocation, :meth:`Store.get_invocation` and
+        :meth:`Store.load_events`.  Raises what those raise; any error takes nothing (the
+        lease stays where it was)."""
+        ...
+
+
+class OwnerLapses(Protocol):
+    """What a store adds to :class:`Store` to say when the next runner's row lapses, so a
+    recovering runner looks for orphans as a dead runner's lease runs out rather than at its
+    next sweep.  Optional (the memory, SQLite and PostgreSQL stores have it; a runner uses it
+    when the store's class defines ``next_lapse``)."""
+
+    async def next_lapse(self, *, excluding: str) -> float | None:
+        """Seconds from now (the store's clock) until the first live owner row other than
+        ``excluding``'s lapses; ``None`` when there is none.  Rows a live owner does not cover
+        (under a lease of their own) are not looked at: they are found by the sweeps."""
         ...
 
 

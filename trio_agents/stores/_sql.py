@@ -627,6 +627,17 @@ def renew_owner(tx: Tx, owner: str, gen: int, ttl: float) -> OwnerRenewal | None
     return OwnerRenewal(owner=owner, gen=gen, expires_at=expires_at, counted_from=tx.began)
 
 
+def next_lapse(tx: Tx, excluding: str) -> float | None:
+    """Seconds until the first live owner row but ``excluding``'s lapses (see
+    :meth:`OwnerLapses.next_lapse`): a read of the owner rows, one per runner."""
+    now = tx.now()
+    rows = tx.rows(
+        "SELECT min(expires_at) FROM owners WHERE expires_at > ? AND owner <> ?", (now, excluding)
+    )
+    first = rows[0][0] if rows else None
+    return None if first is None else float(first) - now
+
+
 def renew_leases(tx: Tx, leases: Sequence[Lease], ttl: float) -> list[Lease | LeaseError]:
     """The fast path (one owner, one current generation, its row live: one ``UPDATE`` of
     the owner's row), else row by row (see :meth:`Store.renew_leases`)."""

@@ -31,14 +31,26 @@ from ._base import (
     InvocationRecord,
     JournalWrite,
     Lease,
+    Resumption,
     SessionEntry,
 )
 from ._records import check_write, decode_batch, decode_event_row, encode_batch, lease_taken
-from ._sql import ROW_COLUMNS, Tx, cover, fenced, lock_in_order, record_of
+from ._sql import (
+    ROW_COLUMNS,
+    Tx,
+    acquire_lease,
+    cancel_requests,
+    cover,
+    fenced,
+    get_invocation,
+    lock_in_order,
+    record_of,
+)
 from ._sql_sessions import append_entry, claim_session, ensure_session
 
 __all__ = [
     "Rejected",
+    "acquire_for_resume",
     "append_events",
     "commit",
     "create_invocation",
@@ -357,6 +369,32 @@ def head(tx: Tx, invocation_id: str) -> EventId:
     if not rows:
         raise InvocationNotFound(f"no invocation with id {invocation_id!r}")
     return (int(rows[0][0]), int(rows[0][1]))
+
+
+def acquire_for_resume(
+    tx: Tx,
+    invocation_id: str,
+    owner: str,
+    ttl: float,
+    exclusive_session: bool,
+    expect_epoch: int | None,
+) -> Resumption:
+    """Take the lease, then read under it what a resume needs - one transaction (see
+    :meth:`~trio_agents.stores.ResumeReads.acquire_for_resume`)."""
+    lease = acquire_lease(
+        tx,
+        invocation_id,
+        owner=owner,
+        ttl=ttl,
+        exclusive_session=exclusive_session,
+        expect_epoch=expect_epoch,
+    )
+    return Resumption(
+        lease=lease,
+        cancel_requests=tuple(cancel_requests(tx, [invocation_id])),
+        record=get_invocation(tx, invocation_id),
+        events=tuple(load_events(tx, invocation_id, 0)),
+    )
 
 
 def load_events(tx: Tx, invocation_id: str, after_seq: int) -> list[Event]:

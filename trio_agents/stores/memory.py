@@ -44,6 +44,7 @@ from ._base import (
     Lease,
     OwnerRenewal,
     Requests,
+    Resumption,
     Session,
     SessionEntry,
 )
@@ -291,6 +292,37 @@ class MemoryStore(MemoryBatches):
             expires_at=now + ttl,
             counted_from=counted_from,
             owner_gen=gen,
+        )
+
+    async def next_lapse(self, *, excluding: str) -> float | None:
+        await trio.lowlevel.checkpoint()
+        now = self._clock()
+        live = [e for owner, (e, _) in self._owners.items() if e > now and owner != excluding]
+        return min(live) - now if live else None
+
+    async def acquire_for_resume(
+        self,
+        invocation_id: str,
+        *,
+        owner: str,
+        ttl: float,
+        exclusive_session: bool = True,
+        expect_epoch: int | None = None,
+    ) -> Resumption:
+        lease = await self.acquire_lease(
+            invocation_id,
+            owner=owner,
+            ttl=ttl,
+            exclusive_session=exclusive_session,
+            expect_epoch=expect_epoch,
+        )
+        # No checkpoint since the lease was taken: what follows is read under it, at once.
+        asked = self._cancels.get(invocation_id)
+        return Resumption(
+            lease=lease,
+            cancel_requests=() if asked is None else (asked,),
+            record=self._read(self._get(invocation_id)),
+            events=tuple(self._journals[invocation_id]),
         )
 
     def _check_fence(self, lease: Lease) -> InvocationRecord:

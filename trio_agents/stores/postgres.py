@@ -93,6 +93,7 @@ from ._base import (
     Lease,
     OwnerRenewal,
     Requests,
+    Resumption,
     Session,
     SessionEntry,
 )
@@ -522,6 +523,29 @@ class PostgresStore(SQLBatches):
                 exclusive_session=exclusive_session,
                 expect_epoch=expect_epoch,
             )
+        )
+
+    async def next_lapse(self, *, excluding: str) -> float | None:
+        return await self._run(partial(_sql.next_lapse, excluding=excluding))
+
+    async def acquire_for_resume(
+        self,
+        invocation_id: str,
+        *,
+        owner: str,
+        ttl: float,
+        exclusive_session: bool = True,
+        expect_epoch: int | None = None,
+    ) -> Resumption:
+        return await self._run(
+            partial(
+                _sql_journal.acquire_for_resume,
+                invocation_id=invocation_id,
+                owner=owner,
+                ttl=ttl,
+                exclusive_session=exclusive_session,
+                expect_epoch=expect_epoch,
+            ),
         )
 
     async def renew_lease(self, lease: Lease, *, ttl: float) -> Lease:
