@@ -57,6 +57,7 @@ def bench(session: nox.Session) -> None:
         "server",
         "batch",
         "fleet",
+        "pg_calls",
         "otel",
         "streams",
         "mcp",

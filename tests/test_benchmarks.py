@@ -115,6 +115,7 @@ EXPECTED = {
         r"\d+ us CPU/frame",
         r"concurrent live sessions: \d+ open at once, -?\d+ KiB RSS each \([\d.]+ KiB Python",
     ],
+    "pg_calls": [rf"concurrency {n}: \d+ calls/s, p50 [\d.]+ ms p99 [\d.]+ ms" for n in (1, 8, 64)],
     "parked": [
         r"memory per parked invocation: [\d.]+ KiB Python \(RSS -?[\d.]+ KiB\)",
         r"start: [\d.]+ s \([\d.]+ us/start\)",

@@ -45,6 +45,7 @@ async def run_interruptible(
     *,
     interrupt: Callable[[], object],
     resend_every: float = RESEND_EVERY,
+    release: Callable[[], object] | None = None,
 ) -> T:
     """Run ``work(abort)`` in a worker thread; on a trio cancel, interrupt it and wait for it.
 
@@ -58,6 +59,13 @@ async def run_interruptible(
     raised with the failure as its context.  If it succeeded after all, its result is returned
     (what it wrote stands) and the caller's next checkpoint raises ``trio.Cancelled``.
 
+    ``release``, if given, runs in the worker thread right after ``work`` when no interrupt
+    was or can be sent any more (no cancel came: from then on a cancel starts no
+    interrupter) - e.g. giving a connection back to a pool, which must not happen while a
+    cancel request for its query may still be in flight.  Whether it ran is for ``release``
+    to record: after a cancel it does not run, and the caller releases.  Its exceptions are
+    ignored.
+
     Raises whatever ``work`` raises when not cancelled.
     """
     await trio.lowlevel.checkpoint_if_cancelled()
@@ -67,6 +75,7 @@ async def run_interruptible(
     finished = threading.Event()
     lock = threading.Lock()
     running = 1  # threads still running; the last one to finish wakes the task
+    sealed = False  # the work is over and no interrupt was asked for: none will be
     result: list[outcome.Outcome[T]] = []
 
     def finish_thread(_: object = None) -> None:
@@ -79,8 +88,15 @@ async def run_interruptible(
             token.run_sync_soon(trio.lowlevel.reschedule, task, result[0])
 
     def run_work() -> None:
+        nonlocal sealed
         result.append(outcome.capture(_start, work, abort))
         finished.set()
+        if release is not None:
+            with lock:
+                sealed = not abort.is_set()
+            if sealed:
+                with contextlib.suppress(Exception):
+                    release()
 
     def run_interrupter() -> None:
         while not finished.is_set():
@@ -92,7 +108,7 @@ async def run_interruptible(
         nonlocal running
         # We cannot stop at once (the thread holds a connection): ask it to stop, stay parked.
         with lock:
-            if abort.is_set() or running == 0:  # already asked, or the wake-up is on its way
+            if abort.is_set() or running == 0 or sealed:  # asked, or the wake-up is coming
                 return trio.lowlevel.Abort.FAILED
             abort.set()
             running += 1

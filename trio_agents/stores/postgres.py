@@ -10,6 +10,17 @@ Who owns what
     with ``trio.lowlevel.wait_readable`` - no thread (see :mod:`._pg_listen`).
     :meth:`PostgresStore.aclose` closes them all.
 
+Connections
+    A call takes a connection from the pool and gives it back from its worker thread once
+    no cancel request for its query can be in flight (else from another thread, after the
+    interrupts: see Cancel).  The pool checks a connection it hands out (a round trip) only
+    if it has been idle ``CHECK_IDLE`` (1 s) or more, which is when a database restart or a
+    dropped connection finds it; under load connections are reused within milliseconds, and
+    checking each one cost a round trip per call (20-25 % of the calls a process could make,
+    ``python -m benchmarks.pg_calls``).  A connection that broke while busy fails the one
+    call that next takes it with :class:`~trio_agents.StoreUnavailableError`, and the pool
+    replaces it.
+
 Transactions and fencing
     Every call is one transaction.  A write first locks the row it checks
     (``SELECT ... FOR UPDATE``), so the fencing check and the write cannot interleave with
@@ -65,8 +76,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import random
 import threading
+import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, Final, TypeVar
@@ -114,6 +128,10 @@ ATTEMPTS: Final = 5
 BACKOFF: Final = 0.01
 """Seconds: the pause before the first rerun is random, up to this; each next one up to
 twice the last (at most 0.15 s in all, beside the deadlock's own ``deadlock_timeout``)."""
+
+CHECK_IDLE: Final = 1.0
+"""Seconds a pooled connection must have been idle for the pool to check it (a round trip)
+before handing it out; see Connections in the module docstring."""
 
 _CONFLICTS: Final = {
     "40P01": (
@@ -187,6 +205,7 @@ class PostgresStore(SQLBatches):
         self._slots = trio.Semaphore(max_connections)
         self._open_lock = trio.Lock()
         self._pool: psycopg_pool.ConnectionPool[Conn] | None = None
+        self._given_back: weakref.WeakKeyDictionary[Conn, float] = weakref.WeakKeyDictionary()
         self._closed = False
         self.reruns = 0  # statistics: transactions run again after a conflict (see Conflicts)
         self._listener = Listener(
@@ -231,6 +250,16 @@ class PostgresStore(SQLBatches):
         if self.schema is not None:
             conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
 
+    def _check(self, conn: Conn) -> None:
+        """The pool's check of a connection it hands out: a round trip, for one that was idle
+        (see Connections in the module docstring)."""
+        if time.monotonic() - self._given_back.get(conn, -math.inf) >= CHECK_IDLE:
+            psycopg_pool.ConnectionPool.check_connection(conn)
+
+    def _give_back(self, pool: psycopg_pool.ConnectionPool[Conn], conn: Conn) -> None:
+        self._given_back[conn] = time.monotonic()
+        pool.putconn(conn)
+
     def _migrate(self, conn: Conn, abort: threading.Event) -> None:
         key = int.from_bytes(hashlib.sha256(f"trio_agents:{self.schema}".encode()).digest()[:8])
         tx = Tx(conn, self._clock, self._channels)
@@ -250,7 +279,7 @@ class PostgresStore(SQLBatches):
             max_size=self._max_connections,
             open=False,
             configure=self._configure,
-            check=psycopg_pool.ConnectionPool.check_connection,
+            check=self._check,
             timeout=self._connect_timeout,
             name=f"trio_agents {self._where}",
         )
@@ -290,11 +319,12 @@ class PostgresStore(SQLBatches):
         work: Callable[[threading.Event], T],
         interrupt: Callable[[], None],
         what: str = "a transaction",
+        release: Callable[[], None] | None = None,
     ) -> T:
         """:func:`run_interruptible`, with psycopg's errors translated into the store's
         (``what``: the operation, for the message)."""
         try:
-            return await run_interruptible(work, interrupt=interrupt)
+            return await run_interruptible(work, interrupt=interrupt, release=release)
         except psycopg_pool.PoolClosed as exc:
             raise UsageError(f"{self!r} is closed") from exc
         except psycopg.Error as exc:
@@ -364,13 +394,17 @@ class PostgresStore(SQLBatches):
             def interrupt() -> None:
                 self._cancel_query(held[0] if held else None)
 
+            def release() -> None:  # in the worker, when no cancel request can be in flight
+                if held:
+                    self._give_back(pool, held.pop())
+
             try:
-                return await self._call(work, interrupt, what)
+                return await self._call(work, interrupt, what, release)
             finally:
                 self.reruns += len(reruns)
                 if held:  # only now: no cancel request for this call can still be in flight
                     with trio.CancelScope(shield=True):
-                        await trio.to_thread.run_sync(pool.putconn, held[0])
+                        await trio.to_thread.run_sync(self._give_back, pool, held[0])
 
     async def _execute(self, *statements: str | tuple[str, Sequence[Any]]) -> list[tuple[Any, ...]]:
         """Run raw SQL (``?`` placeholders) in one transaction; return the last one's rows.
