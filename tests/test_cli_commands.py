@@ -4,12 +4,14 @@ Each runs the real console script as a subprocess against the fake model server.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
 import signal
 import subprocess
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -366,3 +368,49 @@ async def test_decide_answers_a_request_for_input(tmp_path: Path) -> None:
     assert outcome.gates == {gate: "submitted"}
     assert _tool_result(agent) == "accept: confirm=True note=from the cli"
     assert "answer-accept cli" in observed(log)
+
+
+async def test_serve_freezes_what_startup_made_once_it_listens(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once listening, ``serve`` collects and freezes what startup made (the collector's full
+    passes then skip it for the life of the process); requests are answered after."""
+    from rich.console import Console
+
+    from trio_agents.cli._serve import serve_agents
+
+    from .server_agents import agent
+
+    frozen = trio.Event()
+    calls: list[str] = []
+
+    def collect(*args: object) -> int:
+        calls.append("collect")
+        return 0
+
+    def freeze() -> None:
+        calls.append("freeze")
+        frozen.set()
+
+    monkeypatch.setattr("gc.collect", collect)
+    monkeypatch.setattr("gc.freeze", freeze)
+    console = Console(file=io.StringIO(), width=300)
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(
+                partial(
+                    serve_agents,
+                    console,
+                    [agent],
+                    store="memory://",
+                    host="127.0.0.1",
+                    port=0,
+                    tokens={},
+                    insecure_dev=True,
+                    ui=False,
+                )
+            )
+            await frozen.wait()
+            nursery.cancel_scope.cancel()
+    assert calls == ["collect", "freeze"]
+    assert "serving talker at http://127.0.0.1:" in console.file.getvalue()  # type: ignore[attr-defined]

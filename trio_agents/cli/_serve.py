@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import sys
 from collections.abc import Sequence
 from functools import partial
@@ -114,6 +115,12 @@ async def _serve(
         )
         async with trio.open_nursery() as nursery:
             urls: list[str] = await nursery.start(partial(serve, app, host=host, port=port))
+            # What startup made (modules, the app, the agents, the runner) lives as long as the
+            # process: a full collection need not walk it again each time.  With 250 streams
+            # in each of 4 instances on 2 cores, those pauses were the cancel endpoint's tail
+            # (`python -m benchmarks.fleet --sizes 4 --parts cancel`).
+            gc.collect()
+            gc.freeze()
             url = urls[0]
             names = ", ".join(sorted(a.name for a in agents))
             console.print(
