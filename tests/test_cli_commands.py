@@ -4,6 +4,7 @@ Each runs the real console script as a subprocess against the fake model server.
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import os
@@ -370,11 +371,11 @@ async def test_decide_answers_a_request_for_input(tmp_path: Path) -> None:
     assert "answer-accept cli" in observed(log)
 
 
-async def test_serve_freezes_what_startup_made_once_it_listens(
+async def test_serve_tunes_the_collector_once_it_listens(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Once listening, ``serve`` collects and freezes what startup made (the collector's full
-    passes then skip it for the life of the process); requests are answered after."""
+    passes then skip it for the life of the process) and makes full passes rarer."""
     from rich.console import Console
 
     from trio_agents.cli._serve import serve_agents
@@ -392,8 +393,13 @@ async def test_serve_freezes_what_startup_made_once_it_listens(
         calls.append("freeze")
         frozen.set()
 
+    def set_threshold(*thresholds: int) -> None:
+        calls.append(f"thresholds {thresholds}")
+
     monkeypatch.setattr("gc.collect", collect)
     monkeypatch.setattr("gc.freeze", freeze)
+    monkeypatch.setattr("gc.set_threshold", set_threshold)
+    young, middle, _ = gc.get_threshold()
     console = Console(file=io.StringIO(), width=300)
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
@@ -412,5 +418,5 @@ async def test_serve_freezes_what_startup_made_once_it_listens(
             )
             await frozen.wait()
             nursery.cancel_scope.cancel()
-    assert calls == ["collect", "freeze"]
+    assert calls == ["collect", "freeze", f"thresholds {(young, middle, 100)}"]
     assert "serving talker at http://127.0.0.1:" in console.file.getvalue()  # type: ignore[attr-defined]
