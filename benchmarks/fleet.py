@@ -135,6 +135,20 @@ async def start_many(
     return out
 
 
+async def stop_all(client: httpx2.AsyncClient, invocations: list[tuple[str, str]]) -> None:
+    """Cancel each ``(url, invocation id)``, 64 at once, each answered once it has stopped: a
+    part leaves no run still ending to weigh on the next part's figures."""
+    limit = trio.Semaphore(64)
+
+    async def one(url: str, invocation_id: str) -> None:
+        async with limit:
+            await client.post(f"{url}/invocations/{invocation_id}:cancel", json={})
+
+    async with trio.open_nursery() as nursery:
+        for url, invocation_id in invocations:
+            nursery.start_soon(one, url, invocation_id)
+
+
 def prompt_of(record: dict[str, Any]) -> str:
     try:
         return str(record["json"]["messages"][-1]["content"])
@@ -177,8 +191,7 @@ async def cancel_part(
             raise RuntimeError(f"cancel answered {answer.status_code}: {answer.text}")
         cancelled.append((prompt, at))
     model_ms = await records.disconnect_ms(cancelled)
-    for url, invocation_id, _ in running[cancels:]:  # the rest: stop them without measuring
-        await client.post(f"{url}/invocations/{invocation_id}:cancel", json={"wait": False})
+    await stop_all(client, [(url, i) for url, i, _ in running[cancels:]])  # not measured
     return {
         "model stream closed (ms)": percentiles(model_ms),
         "answer from the other instance (ms)": percentiles(answers),
@@ -226,9 +239,7 @@ async def kill_part(
     for spans in by_prompt.values():
         spans.sort()
         twice += any(b[0] < a[1] - 1e-6 for a, b in itertools.pairwise(spans))
-    for url in urls[1:]:  # stop what was taken over
-        for _, invocation_id, _ in running:
-            await client.post(f"{url}/invocations/{invocation_id}:cancel", json={"wait": False})
+    await stop_all(client, [(urls[1], i) for _, i, _ in running])  # what was taken over
     lapsed = lapsed_at(killed_wall)
     return {
         "held by the killed instance": held,
@@ -304,8 +315,7 @@ async def idle_part(
             round((b - a) / window * 100, 1) for a, b in zip(cpu0, cpu1, strict=True)
         ],
     }
-    for url, invocation_id, _ in started:
-        await client.post(f"{url}/invocations/{invocation_id}:cancel", json={"wait": False})
+    await stop_all(client, [(url, i) for url, i, _ in started])
     return result
 
 
@@ -316,8 +326,7 @@ async def starts_part(client: httpx2.AsyncClient, urls: list[str], n: int) -> di
     began = time.monotonic()
     started = await start_many(client, urls, "approve", n, "start")
     took = time.monotonic() - began
-    for url, invocation_id, _ in started:
-        await client.post(f"{url}/invocations/{invocation_id}:cancel", json={"wait": False})
+    await stop_all(client, [(url, i) for url, i, _ in started])
     return {"starts": n, "starts/s": round(n / took, 1)}
 
 
