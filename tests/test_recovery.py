@@ -27,7 +27,7 @@ from trio_agents.events import (
 from trio_agents.messages import ModelRequest, ToolResultMessage, UserMessage
 from trio_agents.models import ScriptedModel
 from trio_agents.models.scripted import ScriptedTurn
-from trio_agents.stores import ApprovalDecision, MemoryStore
+from trio_agents.stores import ApprovalDecision, InvocationRecord, MemoryStore
 
 from ._helpers import check_loop_reading, eventually, run_then_crash
 from .conftest import StoreCase
@@ -418,3 +418,37 @@ async def test_a_dead_runners_orphans_are_taken_over_as_its_row_lapses(
         taken_at = trio.current_time()
         heir.cancel_all(reason="enough")
     assert lapse <= taken_at < lapse + 0.1
+
+
+async def test_a_runner_left_during_a_takeover_leaves_it_to_the_next(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """A runner's block is left just as its recovery took an orphan's lease: the block ends
+    without error (the takeover was launching into a nursery being closed), the orphan does
+    not run there, and once that lease lapses the next recovering runner takes it over."""
+    taken = trio.Event()
+
+    class Watched(MemoryStore):
+        async def acquire_for_resume(self, invocation_id: str, **kwargs: Any) -> Any:
+            result = await super().acquire_for_resume(invocation_id, **kwargs)
+            taken.set()
+            return result
+
+    effects = Effects()
+    agent = ops_agent(effects, slow=1000)
+    store = Watched(clock=lambda: 1_700_000_000 + trio.current_time())
+    await store.create_invocation(
+        InvocationRecord(id="orphan", agent="ops", input="go", owner="dead"), ttl=5
+    )
+    await trio.sleep(6)
+    async with Runner(store=store, agents=[agent], recover="resume", owner="heir") as heir:
+        await taken.wait()
+    assert not heir.is_active("orphan")
+    await trio.sleep(31)  # the heir's lease lapses
+    async with Runner(store=store, agents=[agent], recover="resume", owner="next") as later:
+        with trio.fail_after(10):
+            await eventually(lambda: later.is_active("orphan"))
+        later.get("orphan").cancel(reason="done")
+        assert (await later.get("orphan").wait()).status == "cancelled"
+    starts = [e for e in await store.load_events("orphan") if isinstance(e, InvocationStarted)]
+    assert [s.owner for s in starts][-1] == "next"

@@ -224,6 +224,7 @@ class Runner(InvocationControl):
         self._waves = CancelWaves(CANCEL_WAVE, self._watchlist)  # cancel_all of many, in waves
         self._loops: dict[str, TurnLoop] = {}  # the turn loops open here, by loop id
         self._recovering: set[str] = set()  # loop ids being recovered here (see _recover_loop)
+        self._closing = False  # the runner's block is being left: no new work (_launch)
         self._limiter = trio.CapacityLimiter(max_active) if max_active is not None else None
         self._store: Store | None = None
         self._env: InvocationEnv | None = None
@@ -289,8 +290,9 @@ class Runner(InvocationControl):
                 self.cancel_poll_interval,
                 self._loops,
             )
+            recovery = trio.CancelScope()
             if self.recover != "off":
-                system.start_soon(recover_orphans, self, store, self.recover, self.recover_interval)
+                system.start_soon(self._recover, recovery, store)
             # Exits run in reverse: the invocations' nursery is left first (waiting for them),
             # then the writer and the gate closer (shielded: they store their endings) and the
             # background tasks are cancelled, then the store is closed.
@@ -305,9 +307,21 @@ class Runner(InvocationControl):
             self._toolsets = await stack.enter_async_context(trio.open_nursery())
             stack.callback(self._toolsets.cancel_scope.cancel)
             stack.callback(self._opened.clear)
+            self._closing = False
             self._nursery = await stack.enter_async_context(trio.open_nursery())
+            # Leaving, first: no new work is taken here (see _launch), recovery stops.
+            stack.callback(self._stop_taking_work, recovery)
             self._stack = stack.pop_all()
         return self
+
+    async def _recover(self, scope: trio.CancelScope, store: Store) -> None:
+        assert self.recover != "off"
+        with scope:
+            await recover_orphans(self, store, self.recover, self.recover_interval)
+
+    def _stop_taking_work(self, recovery: trio.CancelScope) -> None:
+        self._closing = True
+        recovery.cancel()
 
     async def __aexit__(self, *exc_info: Any) -> bool:
         stack, self._stack = self._stack, None
@@ -452,6 +466,13 @@ class Runner(InvocationControl):
             if self._limiter is not None:
                 await self._limiter.acquire_on_behalf_of(inv)
             await inv._open(with_write)
+            if self._closing and nursery is self._nursery:
+                # Made durable as the runner is left (a takeover that was under way): it does
+                # not run here, and its lease lapses to the next runner that takes it over.
+                raise UsageError(
+                    f"the runner is closing; invocation {inv.id!r} is stored but does not run "
+                    "here (resume it elsewhere)"
+                )
         except BaseException:
             self._forget(inv)
             raise
@@ -704,7 +725,7 @@ class Runner(InvocationControl):
         )
 
     def _recover_loop(self, record: InvocationRecord, agent: AgentLike) -> None:
-        if record.id in self._loops or record.id in self._recovering:
+        if record.id in self._loops or record.id in self._recovering or self._closing:
             return
         nursery, _ = self._check_open()
         self._recovering.add(record.id)
