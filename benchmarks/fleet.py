@@ -411,8 +411,10 @@ def report(all_results: dict[int, dict[str, Any]]) -> None:
 
 
 async def amain(args: argparse.Namespace) -> None:
-    with server_process() as model_url:
-        results = {size: await run_size(args, model_url, size) for size in args.sizes}
+    results = {}
+    for size in args.sizes:  # a fresh model server each (it keeps a record of every request)
+        with server_process() as model_url:
+            results[size] = await run_size(args, model_url, size)
     report(results)
 
 

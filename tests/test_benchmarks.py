@@ -81,7 +81,8 @@ EXPECTED = {
         r"cancel from another instance: model stream closed p50 [\d.]+ p99 [\d.]+ ms"
         r"|PostgreSQL: skipped",
         r"idle with \d+ parked: [\d.]+ transactions/s, [\d.]+ scans/s|PostgreSQL: skipped",
-        r"kill of an instance holding \d+: the first running again after [\d.]+ s, all "
+        r"kill of an instance holding \d+: its lease lapsed after [\d.]+ s, the first running"
+        r" again after [\d.]+ s, all "
         r"after [\d.]+ s .* lost 0, run "
         r"twice 0|PostgreSQL: skipped",
     ],
