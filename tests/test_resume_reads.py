@@ -11,8 +11,6 @@ import pytest
 import trio
 
 from trio_agents import CorruptRecordError, LeaseError, Runner
-from trio_agents.events import TurnFinished
-from trio_agents.messages import AssistantMessage
 from trio_agents.stores import (
     CancelRequest,
     InvocationRecord,
@@ -26,20 +24,7 @@ from trio_agents.stores._resume import _reads_in_one
 from ._helpers import eventually
 from .conftest import MEMORY, POSTGRES, SQLITE, StoreCase, only
 from .test_recovery import Effects, ops_agent
-
-
-def record(invocation_id: str, owner: str = "a") -> InvocationRecord:
-    return InvocationRecord(id=invocation_id, agent="ops", input="go", owner=owner)
-
-
-def turn(invocation_id: str, seq: int) -> TurnFinished:
-    return TurnFinished(
-        invocation_id=invocation_id,
-        seq=seq,
-        at=1000.0 + seq,
-        turn=seq,
-        message=AssistantMessage(text=f"turn {seq}"),
-    )
+from .test_stores import record, turn
 
 
 async def test_it_reads_what_the_four_calls_read_under_the_new_lease(case: StoreCase) -> None:
