@@ -123,7 +123,6 @@ async def test_cancels_at_random_moments_never_reach_another_call(
                     for k in range(40):
                         nursery.start_soon(call, k)
         assert failures == []
-        print(f"done {done}, cancelled {cancelled}")
         assert done > 100, (done, cancelled)
         assert cancelled > 50, (done, cancelled)
         assert store._pool is not None

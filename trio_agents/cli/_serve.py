@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import contextlib
-import gc
 import sys
 from collections.abc import Sequence
 from functools import partial
-from typing import Annotated, Final
+from typing import Annotated
 
 import trio
 import typer
 from rich.console import Console
 
+from .._collector import tune_collector
 from .._exceptions import UsageError
 from .._recovery import Recover
 from ..agents import AgentLike
@@ -29,7 +29,7 @@ from ._common import (
     load_agent,
 )
 
-__all__ = ["FULL_COLLECTION_EVERY", "register", "serve_agents", "tune_collector"]
+__all__ = ["register", "serve_agents"]
 
 
 async def serve_agents(
@@ -137,30 +137,6 @@ async def _serve(
                 )
             sys.stdout.flush()
     console.print("stopped; every invocation's ending is stored", markup=False)
-
-
-FULL_COLLECTION_EVERY: Final = 100
-"""A served process's collector: a full pass after at most this many passes of the middle
-generation (Python's default: 10)."""
-
-
-def tune_collector() -> None:
-    """Tune the garbage collector of a serving process, once it listens.
-
-    A full collection stops the process while it walks every tracked object: with 500 streams
-    an instance holds some 125,000 besides what startup made, a pause of about 60 ms on this
-    2-core Xeon, several times a second under load - the tail of a cancel sent to another
-    instance (its answer p99 over 50 ms in 2 of 7 runs of ``python -m benchmarks.fleet --sizes
-    2 --parts cancel``, and in 4 of 6 with 4 instances).  So: what startup made (modules, the
-    app, the agents, the runner) lives as long as the process - collect once, then freeze it,
-    and full passes skip it; and full passes come at most every ``FULL_COLLECTION_EVERY``
-    middle-generation passes.  Cyclic garbage that outlives two passes waits longer to be
-    freed (reference counting frees the rest at once).
-    """
-    gc.collect()
-    gc.freeze()
-    young, middle, _ = gc.get_threshold()
-    gc.set_threshold(young, middle, FULL_COLLECTION_EVERY)
 
 
 def register(app: typer.Typer) -> None:

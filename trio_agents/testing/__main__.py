@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import gc
 import sys
 from functools import partial
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 import attrs
 import trio
 
+from .._collector import tune_collector
 from ..messages import ToolCall
 from ._server import FakeServer, ResponsePlan
 from .openai import openai_stream, serve_fake_openai_server
@@ -58,10 +58,7 @@ async def _main() -> None:
         )
         # It keeps a record of every request, thousands in a benchmark: full collections as
         # rare as a served process's (they would delay what it observes, e.g. a disconnect).
-        gc.collect()
-        gc.freeze()
-        young, middle, _ = gc.get_threshold()
-        gc.set_threshold(young, middle, 100)
+        tune_collector()
         print(f"PORT {server.port}", flush=True)
 
 
