@@ -24,11 +24,10 @@ def tune_collector() -> None:
     2-core Xeon, several times a second under load - the tail of a cancel sent to another
     instance (its answer p99 was over 50 ms in 4 of 6 runs of ``python -m benchmarks.fleet
     --sizes 4 --parts cancel``; with the freeze alone, in 2 of 7 with ``--sizes 2``).  So:
-    what startup made (modules, the
-    app, the agents, the runner) lives as long as the process - collect once, then freeze it,
-    and full passes skip it; and full passes come at most every ``FULL_COLLECTION_EVERY``
-    middle-generation passes.  Cyclic garbage that outlives two passes waits longer to be
-    freed (reference counting frees the rest at once).
+    what startup made (modules, the app, the agents, the runner) lives as long as the process -
+    collect once, then freeze it, and full passes skip it; and full passes come at most every
+    ``FULL_COLLECTION_EVERY`` middle-generation passes.  Cyclic garbage that outlives two
+    passes waits longer to be freed (reference counting frees the rest at once).
     """
     gc.collect()
     gc.freeze()
