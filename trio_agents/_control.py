@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import jsonschema  # type: ignore[import-untyped]
 
-from . import approvals
+from . import _deciders, _unowned, approvals
 from ._exceptions import InvocationNotFound, UsageError
 from .events import ApprovalRequested, CancelMode, Event, InputRequested, check_cancel_mode
 from .stores._base import ApprovalDecision, CancelRequest, InvocationRecord, Store
@@ -72,7 +72,7 @@ class InvocationControl:
 
         The owning runner (any process sharing the store) picks the request up and records
         ``reason`` and ``by`` in the outcome; its open gates end ``cancelled``.  A paused
-        invocation is ended by this call (see :func:`trio_agents.approvals.cancel_paused`):
+        invocation is ended by this call (see :func:`trio_agents._unowned.cancel_paused`):
         its lease is taken, its open gates end ``cancelled`` (a decision recorded first
         stands) and an ``ended`` event (``cancelled``) is journaled; so is one still
         ``running`` in the store whose process died, once its lease has lapsed.  ``False`` if
@@ -124,7 +124,7 @@ class InvocationControl:
         self, record: InvocationRecord, *, reason: str | None, by: str, orphan: bool = False
     ) -> bool:
         _, env = self._check_open()
-        return await approvals.cancel_paused(
+        return await _unowned.cancel_paused(
             env.store,
             env.writer,
             record,
@@ -193,9 +193,9 @@ class InvocationControl:
             raise UsageError(
                 f"content= and action= answer a request for input; {approval_id!r} is not one"
             )
-        request, state = approvals.find_gate(invocation_id, approval_id, "approval", events)
+        request, state = _deciders.find_gate(invocation_id, approval_id, "approval", events)
         if state is not None:
-            return approvals.refuse(approval_id, state)
+            return _deciders.refuse(approval_id, state)
         edited = None
         if arguments is not None:
             edited = (await self._tool_for(invocation_id, request)).validate_arguments(arguments)
@@ -221,9 +221,9 @@ class InvocationControl:
         reason: str | None,
         by: str | None,
     ) -> bool:
-        request, state = approvals.find_gate(invocation_id, request_id, "input", events)
+        request, state = _deciders.find_gate(invocation_id, request_id, "input", events)
         if state is not None:
-            return approvals.refuse(request_id, state)
+            return _deciders.refuse(request_id, state)
         assert isinstance(request, InputRequested)
         if action is None:
             action = "accept" if approved else "decline"
@@ -279,10 +279,10 @@ class InvocationControl:
             raise UsageError(f"is_error must be True or False, got {is_error!r}")
         text = _to_text(result)
         events = await self.store.load_events(invocation_id)
-        gate_id = approvals.find_result_gate(invocation_id, call_id, events)
-        request, state = approvals.find_gate(invocation_id, gate_id, "result", events)
+        gate_id = _deciders.find_result_gate(invocation_id, call_id, events)
+        request, state = _deciders.find_gate(invocation_id, gate_id, "result", events)
         if state is not None:
-            return approvals.refuse(gate_id, state)
+            return _deciders.refuse(gate_id, state)
         decision = ApprovalDecision(
             invocation_id=invocation_id,
             approval_id=gate_id,
@@ -311,9 +311,9 @@ class InvocationControl:
         if not isinstance(credential, str) or not credential:
             raise UsageError("the credential must be a non-empty str")
         events = await self.store.load_events(invocation_id)
-        request, state = approvals.find_gate(invocation_id, request_id, "credential", events)
+        request, state = _deciders.find_gate(invocation_id, request_id, "credential", events)
         if state is not None:
-            return approvals.refuse(request_id, state)
+            return _deciders.refuse(request_id, state)
         decision = ApprovalDecision(
             invocation_id=invocation_id,
             approval_id=request_id,
@@ -341,7 +341,7 @@ class InvocationControl:
                 result=None,
             )
             [stands] = await self.store.end_gates([expired])
-            return approvals.refuse(gate_id, stands.state)
+            return _deciders.refuse(gate_id, stands.state)
         inv = self._active.get(invocation_id)
         here = inv is not None and inv._parked_on(gate_id)
         if await self.store.record_decision(decision, secret=None if here else secret):
@@ -352,14 +352,14 @@ class InvocationControl:
         standing = [
             d for d in await self.store.decisions(invocation_id) if d.approval_id == gate_id
         ]
-        return approvals.refuse(gate_id, standing[0].state if standing else "decided")
+        return _deciders.refuse(gate_id, standing[0].state if standing else "decided")
 
     async def _tool_for(self, invocation_id: str, request: Event) -> Any:
         record = await self.store.get_invocation(invocation_id)
         agent = self._agents.get(record.agent)
         assert isinstance(request, ApprovalRequested)
         call = request.call
-        found = approvals.find_tool(agent, request.path, call.name)
+        found = _deciders.find_tool(agent, request.path, call.name)
         if agent is None or found is None:
             raise UsageError(
                 f"cannot check the edited arguments of {call.name!r}: this runner does not know "

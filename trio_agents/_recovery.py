@@ -31,7 +31,7 @@ What it does
       closing it when idle; the turn of a loop that is itself ``running`` is left to that
       loop's recovery (resumed alone, its loop's claims and cursor would not know of it).
     * ``"fail"``: take the lease and end it ``failed``, reason ``orphaned: ...`` naming the
-      lost owner (:func:`~trio_agents.approvals.fail_orphan`); a turn loop's record too (its
+      lost owner (:func:`~trio_agents._unowned.fail_orphan`); a turn loop's record too (its
       pending messages stay journaled; a later opening of the loop answers them).
 
     Bound: the owner's lease ran at most ``lease_ttl`` past its last renewal, so an orphan is

@@ -57,9 +57,7 @@ from typing import Any, Final, Literal, Protocol, TypeAlias
 import attrs
 import trio
 
-from ._exceptions import GateClosed, LeaseError, StoreError, UsageError
-from ._recorder import Recorder
-from ._writer import JournalWriter
+from ._exceptions import StoreError
 from .agents._context import (
     ApprovalAnswer,
     GateSpec,
@@ -67,22 +65,19 @@ from .agents._context import (
     StopRequested,
     input_answer,
 )
-from .agents._transcript import exchange_of
 from .events import (
     ApprovalDecided,
     ApprovalRequested,
     CredentialRequested,
     CredentialSubmitted,
-    ErrorInfo,
     Event,
     InputRequested,
     InputSubmitted,
-    InvocationEnded,
     ResultRequested,
     ResultSubmitted,
 )
-from .messages import AssistantMessage, ToolCall, ToolResult
-from .stores._base import ApprovalDecision, InvocationRecord, SessionEntry, Store
+from .messages import ToolCall, ToolResult
+from .stores._base import ApprovalDecision
 
 __all__ = [
     "GateHost",
@@ -93,15 +88,9 @@ __all__ = [
     "await_input",
     "await_result",
     "awaiting",
-    "cancel_paused",
     "end_events",
-    "fail_orphan",
-    "find_gate",
-    "find_result_gate",
-    "find_tool",
     "id_of",
     "info_of",
-    "refuse",
     "tally",
 ]
 
@@ -730,76 +719,6 @@ def cancelled_ends(
     ]
 
 
-# ---- the deciders' side (Runner.decide, submit_result, submit_credential) ------------------
-
-
-_WHAT: Final = {
-    "approval": "approval",
-    "result": "long-running call",
-    "credential": "credential request",
-    "input": "input request",
-}
-
-
-def find_gate(
-    invocation_id: str, gate_id: str, kind: GateKind, events: Iterable[Event]
-) -> tuple[Event, str | None]:
-    """The request event of gate ``gate_id`` and its journaled end state (``None``: open).
-
-    Raises :class:`~trio_agents.UsageError` naming what the invocation asked for if it never
-    asked for that gate, or asked for it as another kind.
-    """
-    requests: dict[str, Event] = {}
-    states: dict[str, str] = {}
-    for e in events:
-        if isinstance(e, REQUESTS):
-            requests[id_of(e)] = e
-        elif isinstance(e, ENDS):
-            states[id_of(e)] = e.state
-    request = requests.get(gate_id)
-    if request is None or _KIND_OF[type(request)] != kind:
-        asked = [g for g, e in requests.items() if _KIND_OF[type(e)] == kind]
-        what = _WHAT[kind]
-        other = f" ({gate_id!r} is a {_KIND_OF[type(request)]} gate)" if request is not None else ""
-        raise UsageError(
-            f"invocation {invocation_id!r} has no {what} {gate_id!r}{other}; "
-            + (f"it asked for: {', '.join(asked)}" if asked else "it asked for none")
-        )
-    return request, states.get(gate_id)
-
-
-def find_result_gate(invocation_id: str, call_id: str, events: Sequence[Event]) -> str:
-    """The gate id of the long-running call ``call_id`` (a model's call id, or the request's
-    own id); the open one when several calls shared an id across turns.
-
-    Raises :class:`~trio_agents.UsageError` naming the calls waiting if there is none, or if
-    two open gates match (then pass the ``request_id`` of ``result_requested``).
-    """
-    gates = tally(events)
-    matches = [
-        e.request_id
-        for e in events
-        if isinstance(e, ResultRequested) and call_id in (e.request_id, e.call.id)
-    ]
-    open_ = [g for g in matches if gates[g].state == "open"]
-    if len(open_) > 1:
-        raise UsageError(
-            f"call id {call_id!r} of invocation {invocation_id!r} is ambiguous: "
-            f"{', '.join(open_)} wait for a result; pass one of those ids"
-        )
-    if open_ or matches:
-        return (open_ or matches)[-1]
-    waiting = [
-        f"{e.call.id} ({e.request_id})"
-        for e in events
-        if isinstance(e, ResultRequested) and gates[e.request_id].state == "open"
-    ]
-    raise UsageError(
-        f"invocation {invocation_id!r} has no long-running call {call_id!r}; "
-        + (f"waiting for a result: {', '.join(waiting)}" if waiting else "none waits for a result")
-    )
-
-
 def awaiting(pending: Sequence[str], gates: Mapping[str, GateInfo]) -> str:
     """The reason of a ``paused`` ending: ``"awaiting approval: 1:c0, 1:c1"`` (grouped by
     kind: ``approval``, ``result``, ``credential``)."""
@@ -807,208 +726,3 @@ def awaiting(pending: Sequence[str], gates: Mapping[str, GateInfo]) -> str:
     for g in pending:
         groups[gates[g].kind if g in gates else "approval"].append(g)
     return "; ".join(f"awaiting {kind}: {', '.join(ids)}" for kind, ids in groups.items() if ids)
-
-
-def refuse(gate_id: str, state: str) -> bool:
-    """What a decider is told about a gate that ended already: ``False`` if it was decided
-    or submitted; :class:`~trio_agents.GateClosed` if it expired or was cancelled."""
-    if state in ("expired", "cancelled"):
-        raise GateClosed(
-            f"gate {gate_id!r} is closed: it ended {state!r}; nothing was recorded",
-            gate_id=gate_id,
-            state=state,
-        )
-    return False
-
-
-def find_tool(agent: object, path: str, name: str) -> Any:
-    """The tool ``name`` of the agent at ``path`` in a workflow (``None`` if there is none).
-
-    Walks ``steps`` / ``branches`` / ``body`` by the path's indexes; falls back to the first
-    tool of that name anywhere in the tree.
-    """
-    node: object = agent
-    for part in [p for p in path.split("/") if p]:
-        index = int(part.split(":", 1)[0])
-        children = getattr(node, "steps", None) or getattr(node, "branches", None)
-        if children is not None and index < len(children):
-            node = children[index]
-        elif getattr(node, "body", None) is not None:
-            node = node.body  # type: ignore[attr-defined]
-        else:
-            break
-    tools = getattr(node, "tools", None)
-    if isinstance(tools, Mapping) and name in tools:
-        return tools[name]
-    stack = [agent]
-    while stack:
-        item = stack.pop()
-        tools = getattr(item, "tools", None)
-        if isinstance(tools, Mapping) and name in tools:
-            return tools[name]
-        stack.extend(getattr(item, "steps", ()) or ())
-        stack.extend(getattr(item, "branches", ()) or ())
-        if getattr(item, "body", None) is not None:
-            stack.append(item.body)  # type: ignore[attr-defined]
-    return None
-
-
-# ---- cancelling a paused invocation ---------------------------------------------------------
-
-
-async def cancel_paused(
-    store: Store,
-    writer: JournalWriter,
-    record: InvocationRecord,
-    *,
-    owner: str,
-    ttl: float,
-    cleanup_timeout: float,
-    reason: str | None,
-    by: str | None,
-    orphan: bool = False,
-) -> bool:
-    """End a ``paused`` invocation ``cancelled``, from any process: take its lease, end its
-    open gates ``cancelled`` in the store (first write wins: a decision made first stands and
-    is journaled as such), then journal the gates' ends and the ``ended`` event in one write,
-    which releases the lease.
-
-    ``orphan``: the invocation is ``running`` in the store but its process died (its lease
-    lapsed); an ending in its journal is an earlier run's, never restored.  It is taken only if
-    it is still that run (running, the epoch ``record`` was read with): one that ended or was
-    taken over meanwhile is left alone (``False``).
-
-    ``False`` if another process holds it (it was resumed meanwhile).  Raises
-    :class:`~trio_agents.StoreError` if the store fails part-way: the invocation is then left
-    to be resumed (its lease expires), its gates as the store says.
-    """
-    return await _end_unowned(
-        store,
-        writer,
-        record,
-        owner=owner,
-        ttl=ttl,
-        cleanup_timeout=cleanup_timeout,
-        status="cancelled",
-        reason=reason,
-        by=by,
-        orphan=orphan,
-    )
-
-
-async def fail_orphan(
-    store: Store,
-    writer: JournalWriter,
-    record: InvocationRecord,
-    *,
-    owner: str,
-    ttl: float,
-    cleanup_timeout: float,
-) -> bool:
-    """End an orphan - ``running`` in the store, its owner's lease lapsed - ``failed``, with
-    reason ``orphaned: ...`` naming the lost owner, so that nothing shows ``running`` without
-    a live owner (a runner's ``recover="fail"``).  Its lease is taken first (fenced: if
-    another process took it over meanwhile, ``False`` and nothing is written).  Its open gates
-    stay open, as any failure leaves them: :meth:`Runner.resume` can still continue it.
-    Raises :class:`~trio_agents.StoreError` if the store fails part-way."""
-    lost = record.owner or "an unknown process"
-    reason = (
-        f"orphaned: its owner {lost} stopped renewing its lease, which lapsed at "
-        f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(record.lease_expires_at))} UTC"
-    )
-    return await _end_unowned(
-        store,
-        writer,
-        record,
-        owner=owner,
-        ttl=ttl,
-        cleanup_timeout=cleanup_timeout,
-        status="failed",
-        reason=reason,
-        by=None,
-        orphan=True,
-    )
-
-
-async def _end_unowned(
-    store: Store,
-    writer: JournalWriter,
-    record: InvocationRecord,
-    *,
-    owner: str,
-    ttl: float,
-    cleanup_timeout: float,
-    status: Literal["cancelled", "failed"],
-    reason: str | None,
-    by: str | None,
-    orphan: bool,
-) -> bool:
-    """End an invocation no task runs (paused, or an orphan) ``status``: see
-    :func:`cancel_paused` and :func:`fail_orphan`."""
-    try:
-        lease = await store.acquire_lease(
-            record.id,
-            owner=owner,
-            ttl=ttl,
-            exclusive_session=False,
-            # An orphan is taken only as it was read: still running under the lapsed lease.
-            expect_epoch=record.lease_epoch if orphan else None,
-        )
-    except LeaseError:
-        return False
-    record = await store.get_invocation(record.id)  # the head as of our lease
-    events = await store.load_events(record.id)
-    endings = [e for e in events if isinstance(e, InvocationEnded)]
-    last = endings[-1] if endings else None
-    rec = Recorder(record.id, writer=writer, head=record.head, log_limit=16)
-    rec.lease = lease
-    gates = tally(events)
-    before: list[tuple[type[Any], dict[str, Any]]] = []
-    if last is not None and last.status != "paused" and not orphan:
-        # it ended otherwise meanwhile: restore that ending
-        fields = {
-            f.name: getattr(last, f.name)
-            for f in attrs.fields(InvocationEnded)
-            if f.name not in ("kind", "invocation_id", "seq", "sub", "at", "checkpoint_id")
-        }
-        ended_here = False
-    else:
-        if status == "cancelled":
-            ends = cancelled_ends(record.id, gates, reason=reason, by=by)
-            before = end_events(gates, await store.end_gates(ends)) if ends else []
-        fields = {
-            "status": status,
-            "reason": reason,
-            "output": last.output if last is not None else "",
-            "partials": dict(last.partials) if last is not None else {},
-            "usage": last.usage if last is not None else None,
-            "cancel_requested": status == "cancelled",
-            "cancelled_by": by,
-            "gates": {g: info.state for g, info in gates.items()},
-        }
-        if status == "failed":
-            fields["error"] = ErrorInfo(type="Orphaned", message=reason or "orphaned")
-        if fields["usage"] is None:
-            del fields["usage"]
-        ended_here = True
-    entry = None
-    if record.session_id is not None and ended_here:
-        closed = [
-            cls(invocation_id=record.id, seq=0, at=0.0, **more)
-            for cls, more in before
-            if cls is ApprovalDecided
-        ]
-        entry = SessionEntry(
-            seq=0,
-            author=record.agent,
-            invocation_id=record.id,
-            message=AssistantMessage(text=fields["output"]),
-            status=status,
-            interrupted=True,
-            reason=reason,
-            exchange=exchange_of([*events, *closed], reason or status),
-        )
-    _, error = await rec.end(fields, entry, timeout=cleanup_timeout, before=before)
-    if error is not None:
-        raise StoreError(f"could not end invocation {record.id!r} ({status}): {error}")
-    return ended_here

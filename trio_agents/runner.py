@@ -81,7 +81,7 @@ from typing import Any
 
 import trio
 
-from . import approvals
+from . import _unowned
 from ._cancel_waves import CancelWaves
 from ._control import InvocationControl
 from ._exceptions import InvocationNotFound, LeaseError, StoreError, UsageError
@@ -748,7 +748,7 @@ class Runner(InvocationControl):
 
     async def _fail_orphan(self, record: InvocationRecord) -> bool:
         _, env = self._check_open()
-        return await approvals.fail_orphan(
+        return await _unowned.fail_orphan(
             env.store,
             env.writer,
             record,
