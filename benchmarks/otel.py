@@ -10,10 +10,14 @@ metrics through a ``PeriodicExportingMetricReader``, both to exporters that drop
 get: the SDK's work in its threads is counted, since ``time.process_time()`` counts every
 thread).
 
-Two runs: ``scripted`` (the scripted model: a turn with two tool calls, then a 20-chunk
-answer; memory store; no I/O, so this is the harshest ratio) and ``http`` (a 20-token answer
-streamed over HTTP by the fake server in another process, whose CPU is not counted).  Rounds
-alternate the configurations (the one going first rotates); each figure is the median round's
+Three runs: ``scripted`` (the scripted model: a turn with two tool calls, then a 20-chunk
+answer; memory store; no I/O, so this is the harshest ratio), ``http`` (a 20-token answer
+streamed over HTTP by the fake server in another process, whose CPU is not counted) and
+``agent`` (an agent's run as a user meets it, over HTTP from the same server: a turn that
+calls two tools, then a 200-token answer, one token per write).  Tracing costs about the same
+per run whatever its length (spans and records per turn and per tool call, nothing per token),
+so the ratio falls as a run grows: the short runs are the harsh measure, ``agent`` the usual.
+Rounds alternate the configurations (the one going first rotates); each figure is the median round's
 CPU per run.
 
 ``--off-only`` measures ``off`` alone, without importing :mod:`trio_agents.otel` - run it with
@@ -84,6 +88,24 @@ TWO_TOOLS = ScriptedTurn(
 ANSWER = ScriptedTurn(chunks=tuple(f"w{i} " for i in range(20)))
 
 
+@ta.tool
+async def weather() -> str:
+    """The weather."""
+    await trio.lowlevel.checkpoint()
+    return "sunny"
+
+
+@ta.tool
+async def calendar() -> str:
+    """Today's meetings."""
+    await trio.lowlevel.checkpoint()
+    return "none"
+
+
+AGENT_ANSWER = 200
+"""Tokens of the ``agent`` run's answer (after its turn of two tool calls)."""
+
+
 def scripted_agent(runs: int) -> ta.Agent:
     return ta.Agent(
         name="bench",
@@ -93,7 +115,7 @@ def scripted_agent(runs: int) -> ta.Agent:
 
 
 Configs = dict[str, Callable[[], tuple[list[Any], Callable[[], None]]]]
-KINDS = ("scripted", "http")
+KINDS = ("scripted", "http", "agent")
 WARM_UP = 3
 UNIT_LOOPS = 2000
 
@@ -236,12 +258,26 @@ def http_agents(url: str) -> Callable[[int], ta.Agent]:
     return http_agent
 
 
+def agent_runs(url: str) -> Callable[[int], ta.Agent]:
+    """An agent's run as a user meets it: a turn that calls two tools, then a 200-token
+    answer, streamed one token per write like a provider."""
+    name = stream_model(1, coalesced=False, token_delay=0.0, pause=0.0001)
+    name += f",calls=weather+calendar,answer={AGENT_ANSWER}"
+
+    def agent(_: int) -> ta.Agent:
+        model = ta.models.OpenAIChat(name, base_url=url, api_key="k")
+        return ta.Agent(name="bench", model=model, tools=[weather, calendar])
+
+    return agent
+
+
 async def main(rounds: int, runs: int, off_only: bool, exemplars: str) -> None:
     configs = configurations(off_only, exemplars=exemplars)
     print(f"machine: {machine()}; {rounds} rounds x {runs} runs per configuration", flush=True)
     await measure("scripted, 2 tools", scripted_agent, configs, rounds, runs)
     with server_process() as url:
         await measure("http, 20 tokens", http_agents(url), configs, rounds, runs)
+        await measure(f"http, 2 tools+{AGENT_ANSWER}", agent_runs(url), configs, rounds, runs)
 
 
 # ---- instruction counts (callgrind) ----------------------------------------------------------
@@ -274,7 +310,7 @@ async def counted_child(kind: str, runs: int, exemplars: str) -> None:
         await blocks(scripted_agent)
     else:
         with server_process() as url:
-            await blocks(http_agents(url))
+            await blocks(http_agents(url) if kind == "http" else agent_runs(url))
     print(json.dumps(order), flush=True)
 
 

@@ -89,7 +89,7 @@ EXPECTED = {
     "otel": [
         rf"{run} +off [\d.]+ ms/run \| api [\d.]+ ms \([\d.]+x\) \| noop [\d.]+ ms \([\d.]+x\)"
         rf" \| batch [\d.]+ ms \([\d.]+x\)"
-        for run in ("scripted, 2 tools", "http, 20 tokens")
+        for run in ("scripted, 2 tools", "http, 20 tokens", r"http, 2 tools\+200")
     ],
     "streams": [
         r"\| 20 \| \d+ \| \d+ \| \d+ \| \d+ \| [\d.]+ / [\d.]+ / [\d.]+ \| \d+ \| \d+ / \d+ \|"

@@ -347,3 +347,21 @@ def test_the_standalone_servers_model_name_sets_the_pause() -> None:
     assert paused.pause == 0.0001
     assert len(paused.parts) == 1 + 3 + 3  # role, tokens, finish + usage + [DONE]
     assert plan_from_model_name({"model": "tokens=3,delay=0,first=0"}).pause == 0.0
+
+
+def test_the_standalone_servers_model_name_plans_a_run_of_two_turns() -> None:
+    """``calls=A+B`` calls both tools; a request carrying a tool result gets ``answer`` tokens
+    and no call (without ``answer``, the same plan again)."""
+    spec = "tokens=1,delay=0,first=0,calls=search+lookup,answer=5"
+    first = b"".join(part for _, part in plan_from_model_name({"model": spec}).parts)
+    assert b'"id":"call_1","type":"function","function":{"name":"search"' in first
+    assert b'"id":"call_2","type":"function","function":{"name":"lookup"' in first
+    assert b'"finish_reason":"tool_calls"' in first
+    tool_result = {"role": "tool", "tool_call_id": "call_1", "content": "found"}
+    body = {"model": spec, "messages": [{"role": "user", "content": "go"}, tool_result]}
+    second = b"".join(part for _, part in plan_from_model_name(body).parts)
+    assert b"tool_calls" not in second
+    assert second.count(b'"content":"tok') == 5
+    assert b'"finish_reason":"stop"' in second
+    again = {"model": "tokens=1,call=deploy", "messages": [tool_result]}
+    assert b'"name":"deploy"' in b"".join(p for _, p in plan_from_model_name(again).parts)
