@@ -13,12 +13,16 @@ thread).
 Three runs: ``scripted`` (the scripted model: a turn with two tool calls, then a 20-chunk
 answer; memory store; no I/O, so this is the harshest ratio), ``http`` (a 20-token answer
 streamed over HTTP by the fake server in another process, whose CPU is not counted) and
-``agent`` (an agent's run as a user meets it, over HTTP from the same server: a turn that
-calls two tools, then a 200-token answer, one token per write).  Tracing costs about the same
-per run whatever its length (spans and records per turn and per tool call, nothing per token),
-so the ratio falls as a run grows: the short runs are the harsh measure, ``agent`` the usual.
-Rounds alternate the configurations (the one going first rotates); each figure is the median round's
-CPU per run.
+``agent`` (an agent's run as a user meets it, over HTTP from the same server: a turn that calls
+two tools, then a 200-token answer, one token per write; the CPU mode also measures it with the
+tokens in a burst, which the client reads several at a time).  Tracing costs about the same per
+run whatever its length (spans and records per turn and per tool call, nothing per token), so
+the ratio falls as a run grows: the short runs are the harsh measure, ``agent`` the usual.
+Rounds alternate the configurations (the one going first rotates); each figure is the median
+round's CPU per run, and each ratio the median of the rounds' ratios (a configuration's CPU per
+run over ``off``'s in the same round), with its 95 % confidence interval: one block's CPU
+varies by some 10 % from round to round on a shared 2-core machine, so read a ratio with its
+interval, and run more rounds (``--rounds``) to narrow it.
 
 ``--off-only`` measures ``off`` alone, without importing :mod:`trio_agents.otel` - run it with
 another checkout on ``PYTHONPATH`` to compare with the code before tracing existed.
@@ -31,8 +35,12 @@ call to ``os.getppid()`` is the marker: ``--dump-before=os_getppid``).  A figure
 instructions per run (every thread of the process: the SDK's exporter threads included; the
 fake server's process is not counted), the mean of the two passes.  The SDK's intervals are
 its defaults here (batch spans every 5 s, metrics every 60 s), since the process runs some 50
-times slower under callgrind; the HTTP client is then slower than the server too, so it reads
-more chunks at once than it would natively (the same for every configuration).  A first
+times slower under callgrind.  The HTTP client is then slower than the server too: tokens sent
+back to back would pile up and be read three or four at a time (8.8 reads per 20-token run,
+against 24.8 natively), so a run would execute a fraction of its native instructions and every
+ratio would come out too high.  So the server spaces the tokens here as a provider does
+(``COUNTED_TOKEN_DELAY``, 20 ms), and the client reads each on its own, as it does natively
+with no delay (21-24 reads per 20-token run, 209-217 per agent run).  A first
 child measures the SDK's unit costs the same way: a span started and ended, an attribute on
 it, a histogram record, an attribute on it, an exemplar - what the ratios are made of.
 
@@ -40,7 +48,8 @@ Both modes build the metrics as :func:`trio_agents.otel.configure` does: exempla
 (``--exemplars trace_based`` for the SDK's own default).
 
 Run: ``python -m benchmarks.otel`` (``--rounds N --runs N --quick --off-only``), or
-``python -m benchmarks.otel --instructions --runs 30``.
+``python -m benchmarks.otel --instructions --runs 10`` (about 20 minutes: an agent run takes
+4 s of tokens).
 """
 
 from __future__ import annotations
@@ -48,6 +57,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import math
 import os
 import re
 import statistics
@@ -103,6 +113,8 @@ async def calendar() -> str:
 
 
 AGENT_ANSWER = 200
+COUNTED_TOKEN_DELAY = 0.02
+"""Seconds between tokens when instructions are counted (50 tokens/s, a provider's pace)."""
 """Tokens of the ``agent`` run's answer (after its turn of two tool calls)."""
 
 
@@ -245,12 +257,27 @@ async def measure(
     line = f"{label:<18} off {off:.3f} ms/run"
     for name in names[1:]:
         value = statistics.median(per[name]) * 1e3
-        line += f" | {name} {value:.3f} ms ({value / off:.2f}x)"
+        # Each round's ratio to the same round's off: the machine's slow and fast spells touch
+        # both, so the ratios scatter less than the blocks do.
+        ratios = sorted(a / b for a, b in zip(per[name], per["off"], strict=True))
+        low, high = median_interval(ratios)
+        ratio = statistics.median(ratios)
+        line += f" | {name} {value:.3f} ms ({ratio:.2f}x, {low:.2f}-{high:.2f})"
     print(line, flush=True)
 
 
-def http_agents(url: str) -> Callable[[int], ta.Agent]:
-    name = stream_model(20, coalesced=False, token_delay=0.0, pause=0.0001)
+def median_interval(ordered: Sequence[float]) -> tuple[float, float]:
+    """A distribution-free 95 % confidence interval of the median of ``ordered`` (sorted): the
+    order statistics k and n-k+1, k = n/2 - 0.98 sqrt(n) (the normal approximation of the
+    binomial); the extremes for fewer than 6 values."""
+    n = len(ordered)
+    k = max(1, math.floor(n / 2 - 0.98 * math.sqrt(n)))
+    return ordered[k - 1], ordered[n - k]
+
+
+def http_agents(url: str, *, token_delay: float = 0.0) -> Callable[[int], ta.Agent]:
+    """A 20-token answer, one token per write (``token_delay``: seconds between tokens)."""
+    name = stream_model(20, coalesced=False, token_delay=token_delay, pause=0.0001)
 
     def http_agent(_: int) -> ta.Agent:
         return ta.Agent(name="bench", model=ta.models.OpenAIChat(name, base_url=url, api_key="k"))
@@ -258,10 +285,13 @@ def http_agents(url: str) -> Callable[[int], ta.Agent]:
     return http_agent
 
 
-def agent_runs(url: str) -> Callable[[int], ta.Agent]:
+def agent_runs(
+    url: str, *, burst: bool = False, token_delay: float = 0.0
+) -> Callable[[int], ta.Agent]:
     """An agent's run as a user meets it: a turn that calls two tools, then a 200-token
-    answer, streamed one token per write like a provider."""
-    name = stream_model(1, coalesced=False, token_delay=0.0, pause=0.0001)
+    answer, streamed one token per write like a provider (``burst``: back to back, so the
+    client reads several at once and spends less per token - a higher ratio)."""
+    name = stream_model(1, coalesced=burst, token_delay=token_delay, pause=0.0001)
     name += f",calls=weather+calendar,answer={AGENT_ANSWER}"
 
     def agent(_: int) -> ta.Agent:
@@ -278,6 +308,8 @@ async def main(rounds: int, runs: int, off_only: bool, exemplars: str) -> None:
     with server_process() as url:
         await measure("http, 20 tokens", http_agents(url), configs, rounds, runs)
         await measure(f"http, 2 tools+{AGENT_ANSWER}", agent_runs(url), configs, rounds, runs)
+        burst = agent_runs(url, burst=True)
+        await measure("  the same, burst", burst, configs, rounds, runs)
 
 
 # ---- instruction counts (callgrind) ----------------------------------------------------------
@@ -310,7 +342,12 @@ async def counted_child(kind: str, runs: int, exemplars: str) -> None:
         await blocks(scripted_agent)
     else:
         with server_process() as url:
-            await blocks(http_agents(url) if kind == "http" else agent_runs(url))
+            # Under callgrind the client runs some 50 times slower: tokens spaced as a
+            # provider's (COUNTED_TOKEN_DELAY) still reach it one at a time, one read each, as
+            # they do natively with no delay; back to back they would pile up and a run would
+            # make a third of its native reads (and instructions).
+            make = http_agents if kind == "http" else agent_runs
+            await blocks(make(url, token_delay=COUNTED_TOKEN_DELAY))
     print(json.dumps(order), flush=True)
 
 

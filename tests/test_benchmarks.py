@@ -87,9 +87,14 @@ EXPECTED = {
         r"twice 0|PostgreSQL: skipped",
     ],
     "otel": [
-        rf"{run} +off [\d.]+ ms/run \| api [\d.]+ ms \([\d.]+x\) \| noop [\d.]+ ms \([\d.]+x\)"
-        rf" \| batch [\d.]+ ms \([\d.]+x\)"
-        for run in ("scripted, 2 tools", "http, 20 tokens", r"http, 2 tools\+200")
+        rf"{run} +off [\d.]+ ms/run \| api [\d.]+ ms \([\d.]+x, [\d.]+-[\d.]+\) \| noop [\d.]+ ms"
+        rf" \([\d.]+x, [\d.]+-[\d.]+\) \| batch [\d.]+ ms \([\d.]+x, [\d.]+-[\d.]+\)"
+        for run in (
+            "scripted, 2 tools",
+            "http, 20 tokens",
+            r"http, 2 tools\+200",
+            "the same, burst",
+        )
     ],
     "streams": [
         r"\| 20 \| \d+ \| \d+ \| \d+ \| \d+ \| [\d.]+ / [\d.]+ / [\d.]+ \| \d+ \| \d+ / \d+ \|"
