@@ -275,9 +275,11 @@ def median_interval(ordered: Sequence[float]) -> tuple[float, float]:
     return ordered[k - 1], ordered[n - k]
 
 
-def http_agents(url: str, *, token_delay: float = 0.0) -> Callable[[int], ta.Agent]:
-    """A 20-token answer, one token per write (``token_delay``: seconds between tokens)."""
-    name = stream_model(20, coalesced=False, token_delay=token_delay, pause=0.0001)
+def http_agents(
+    url: str, *, token_delay: float = 0.0, tokens: int = 20
+) -> Callable[[int], ta.Agent]:
+    """A ``tokens``-token answer, one token per write (``token_delay``: seconds between)."""
+    name = stream_model(tokens, coalesced=False, token_delay=token_delay, pause=0.0001)
 
     def http_agent(_: int) -> ta.Agent:
         return ta.Agent(name="bench", model=ta.models.OpenAIChat(name, base_url=url, api_key="k"))
@@ -301,12 +303,13 @@ def agent_runs(
     return agent
 
 
-async def main(rounds: int, runs: int, off_only: bool, exemplars: str) -> None:
+async def main(rounds: int, runs: int, off_only: bool, exemplars: str, tokens: int) -> None:
     configs = configurations(off_only, exemplars=exemplars)
     print(f"machine: {machine()}; {rounds} rounds x {runs} runs per configuration", flush=True)
     await measure("scripted, 2 tools", scripted_agent, configs, rounds, runs)
     with server_process() as url:
-        await measure("http, 20 tokens", http_agents(url), configs, rounds, runs)
+        short = http_agents(url, tokens=tokens)
+        await measure(f"http, {tokens} tokens", short, configs, rounds, runs)
         await measure(f"http, 2 tools+{AGENT_ANSWER}", agent_runs(url), configs, rounds, runs)
         burst = agent_runs(url, burst=True)
         await measure("  the same, burst", burst, configs, rounds, runs)
@@ -315,7 +318,7 @@ async def main(rounds: int, runs: int, off_only: bool, exemplars: str) -> None:
 # ---- instruction counts (callgrind) ----------------------------------------------------------
 
 
-async def counted_child(kind: str, runs: int, exemplars: str) -> None:
+async def counted_child(kind: str, runs: int, exemplars: str, tokens: int) -> None:
     """Under callgrind: each configuration's block of ``runs`` runs between two markers."""
     configs = configurations(False, exemplars=exemplars, metric_interval_ms=60_000)
     order = list(configs) + list(configs)[::-1]
@@ -345,9 +348,11 @@ async def counted_child(kind: str, runs: int, exemplars: str) -> None:
             # Under callgrind the client runs some 50 times slower: tokens spaced as a
             # provider's (COUNTED_TOKEN_DELAY) still reach it one at a time, one read each, as
             # they do natively with no delay; back to back they would pile up and a run would
-            # make a third of its native reads (and instructions).
-            make = http_agents if kind == "http" else agent_runs
-            await blocks(make(url, token_delay=COUNTED_TOKEN_DELAY))
+            # make a third of its native reads (and some two thirds of its instructions).
+            if kind == "http":
+                await blocks(http_agents(url, token_delay=COUNTED_TOKEN_DELAY, tokens=tokens))
+            else:
+                await blocks(agent_runs(url, token_delay=COUNTED_TOKEN_DELAY))
     print(json.dumps(order), flush=True)
 
 
@@ -421,13 +426,14 @@ def _instructions_of(path: str) -> int:
     raise RuntimeError(f"no totals in {path}")
 
 
-def _counted(kind: str, runs: int, exemplars: str) -> dict[str, list[int]]:
+def _counted(kind: str, runs: int, exemplars: str, tokens: int = 20) -> dict[str, list[int]]:
     """Run one counted child under callgrind: each block's instructions, by block name."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "cg.out")
         argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
         argv += ["--dump-before=os_getppid", sys.executable, "-m", "benchmarks.otel"]
         argv += ["--counted-child", kind, "--runs", str(runs), "--exemplars", exemplars]
+        argv += ["--http-tokens", str(tokens)]
         done = subprocess.run(
             argv, capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"}
         )
@@ -443,7 +449,7 @@ def _counted(kind: str, runs: int, exemplars: str) -> dict[str, list[int]]:
     return per
 
 
-def count_instructions(runs: int, exemplars: str) -> None:
+def count_instructions(runs: int, exemplars: str, kinds: Sequence[str], tokens: int) -> None:
     print(
         f"machine: {machine()}; instructions per run (callgrind), {runs} runs a block", flush=True
     )
@@ -459,14 +465,15 @@ def count_instructions(runs: int, exemplars: str) -> None:
         "exemplars",
         flush=True,
     )
-    for kind in KINDS:
+    for kind in kinds:
         per = {
             name: [c / runs for c in counts]
-            for name, counts in _counted(kind, runs, exemplars).items()
+            for name, counts in _counted(kind, runs, exemplars, tokens).items()
         }
         off = statistics.mean(per["off"])
         passes = ", ".join(f"{v / 1e6:.3f}" for v in per["off"])
-        line = f"{kind:<9} off {off / 1e6:.3f} M instr/run ({passes})"
+        label = f"http {tokens}" if kind == "http" else kind
+        line = f"{label:<9} off {off / 1e6:.3f} M instr/run ({passes})"
         for name, values in per.items():
             if name != "off":
                 mean = statistics.mean(values)
@@ -484,13 +491,20 @@ if __name__ == "__main__":
         "--instructions", action="store_true", help="count instructions under callgrind"
     )
     parser.add_argument("--exemplars", choices=["always_off", "trace_based"], default="always_off")
+    parser.add_argument(
+        "--kinds", default=",".join(KINDS), help="the runs to count instructions of (a,b,...)"
+    )
+    parser.add_argument("--http-tokens", type=int, default=20, help="the short run's tokens")
     parser.add_argument("--counted-child", choices=[*KINDS, "units"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.runs = 3, 5
     if args.counted_child:
-        trio.run(counted_child, args.counted_child, args.runs, args.exemplars)
+        trio.run(counted_child, args.counted_child, args.runs, args.exemplars, args.http_tokens)
     elif args.instructions:
-        count_instructions(args.runs, args.exemplars)
+        kinds = [k for k in args.kinds.split(",") if k]
+        if unknown := set(kinds) - set(KINDS):
+            parser.error(f"unknown --kinds {sorted(unknown)}; choose from {', '.join(KINDS)}")
+        count_instructions(args.runs, args.exemplars, kinds, args.http_tokens)
     else:
-        trio.run(main, args.rounds, args.runs, args.off_only, args.exemplars)
+        trio.run(main, args.rounds, args.runs, args.off_only, args.exemplars, args.http_tokens)
