@@ -452,3 +452,35 @@ async def test_a_runner_left_during_a_takeover_leaves_it_to_the_next(
         assert (await later.get("orphan").wait()).status == "cancelled"
     starts = [e for e in await store.load_events("orphan") if isinstance(e, InvocationStarted)]
     assert [s.owner for s in starts][-1] == "next"
+
+
+async def test_a_start_racing_the_runners_exit_stores_nothing(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """A task outside a runner's block starts an invocation while the block is being left
+    (it waits for an invocation still running): the start is refused with a clear error and
+    nothing of it is stored, not a record left to lapse; the running one ends as usual."""
+    effects = Effects()
+    agent = ops_agent(effects, slow=50)
+    store = MemoryStore(clock=lambda: 1_700_000_000 + trio.current_time())
+    leaving = trio.Event()
+    refused: list[str] = []
+
+    async def late_start(runner: Runner) -> None:
+        await leaving.wait()
+        await trio.sleep(1)  # the block is being left: it waits for "first"
+        assert runner.is_active("first")
+        with pytest.raises(UsageError, match="closing") as raised:
+            await runner.start(agent, "go", invocation_id="late")
+        refused.append(str(raised.value))
+        runner.get("first").cancel(reason="done")
+
+    async with trio.open_nursery() as outside, Runner(store=store, agents=[agent]) as runner:
+        await runner.start(agent, "go", invocation_id="first")
+        await eventually(lambda: effects.started == ["first"])
+        outside.start_soon(late_start, runner)
+        leaving.set()
+    assert len(refused) == 1
+    assert "nothing was stored" in refused[0]
+    assert [r.id for r in await store.list_invocations()] == ["first"]
+    assert (await store.get_invocation("first")).status == "cancelled"

@@ -459,6 +459,13 @@ class Runner(InvocationControl):
         runner's, or a turn loop's)."""
         if inv.id in self._active:
             raise UsageError(f"invocation {inv.id!r} is already running in this runner")
+        if self._closing and nursery is self._nursery:
+            # Asked as the runner is left (a start from a task outside its block): nothing is
+            # stored.  (One made durable meanwhile is refused below.)
+            raise UsageError(
+                f"the runner is closing; invocation {inv.id!r} was not started (nothing was "
+                "stored): start it on a runner that is open"
+            )
         await self._open_models(inv.agent)
         self._active[inv.id] = inv
         self._watchlist.cancellable[inv.id] = inv
