@@ -506,8 +506,9 @@ class Invocation:
     def _main(self) -> Coroutine[Any, Any, None]:
         """The invocation's task, started once :meth:`_open` made it durable.  (It returns
         the coroutine to run rather than awaiting it: one frame less per parked invocation.)"""
-        if self._hooks is not None:  # it owns the on_event follower, if any (see .hooks)
-            return self._hooks.run(self._run)
+        hooks = self._hooks
+        if hooks is not None and hooks.follows_events():  # it owns the on_event follower
+            return hooks.run(self._run)
         return self._run()
 
     async def _run(self) -> None:

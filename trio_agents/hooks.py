@@ -516,6 +516,10 @@ class InvocationHooks:
 
     # ---- the invocation's side ------------------------------------------------------------
 
+    def follows_events(self) -> bool:
+        """Some hook has ``on_event``: the invocation's task runs through :meth:`run`."""
+        return "on_event" in self._methods
+
     async def run(self, main: Callable[[], Awaitable[None]]) -> None:
         """Run ``main`` (the invocation's life, ending included) in this task, with the
         ``on_event`` follower beside it if some hook has ``on_event``."""
