@@ -1,5 +1,5 @@
-"""The deciders' side of a gate (:meth:`Runner.decide`, ``submit_result``,
-``submit_credential``, ``submit_input``): the gate a decision names, read from the invocation's
+"""The deciders' side of a gate (:meth:`Runner.decide` - approvals and requests for input -,
+``submit_result``, ``submit_credential``): the gate a decision names, read from the invocation's
 journal, and what a decider is told when that gate ended already.  The gates themselves - their
 ids, kinds, states and waits - are :mod:`trio_agents.approvals`."""
 
