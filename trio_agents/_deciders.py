@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from ._exceptions import GateClosed, UsageError
-from .approvals import _KIND_OF, ENDS, REQUESTS, GateKind, id_of, tally
+from .approvals import ENDS, KIND_OF, REQUESTS, GateKind, id_of, tally
 from .events import Event, ResultRequested
 
 __all__ = ["find_gate", "find_result_gate", "find_tool", "refuse"]
@@ -38,10 +38,10 @@ def find_gate(
         elif isinstance(e, ENDS):
             states[id_of(e)] = e.state
     request = requests.get(gate_id)
-    if request is None or _KIND_OF[type(request)] != kind:
-        asked = [g for g, e in requests.items() if _KIND_OF[type(e)] == kind]
+    if request is None or KIND_OF[type(request)] != kind:
+        asked = [g for g, e in requests.items() if KIND_OF[type(e)] == kind]
         what = _WHAT[kind]
-        other = f" ({gate_id!r} is a {_KIND_OF[type(request)]} gate)" if request is not None else ""
+        other = f" ({gate_id!r} is a {KIND_OF[type(request)]} gate)" if request is not None else ""
         raise UsageError(
             f"invocation {invocation_id!r} has no {what} {gate_id!r}{other}; "
             + (f"it asked for: {', '.join(asked)}" if asked else "it asked for none")

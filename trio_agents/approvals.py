@@ -97,7 +97,7 @@ __all__ = [
 GateKind: TypeAlias = Literal["approval", "result", "credential", "input"]
 REQUESTS: Final = (ApprovalRequested, ResultRequested, CredentialRequested, InputRequested)
 ENDS: Final = (ApprovalDecided, ResultSubmitted, CredentialSubmitted, InputSubmitted)
-_KIND_OF: Final[dict[type[Any], GateKind]] = {
+KIND_OF: Final[dict[type[Any], GateKind]] = {
     ApprovalRequested: "approval",
     ResultRequested: "result",
     CredentialRequested: "credential",
@@ -151,7 +151,7 @@ def tally(events: Iterable[Event]) -> dict[str, GateInfo]:
 def info_of(request: Event) -> GateInfo:
     """A new open gate, from its request event."""
     return GateInfo(
-        kind=_KIND_OF[type(request)],
+        kind=KIND_OF[type(request)],
         path=request.path,  # type: ignore[union-attr]
         turn=request.turn,  # type: ignore[union-attr]
         expires_at=request.expires_at,  # type: ignore[union-attr]
